@@ -1,0 +1,242 @@
+"""Small helpers the notebooks share: show source, tabulate checks, seed, save figures.
+
+Introduced in notebooks/00_preface. Every chapter uses the same four moves:
+
+* :func:`show_source` renders the source of an ``llmbook`` function in place, so the
+  reader reads the code the tests run (and nbval notices when the two drift apart);
+* :class:`Checks` collects verification checks (what, expected, got, error, pass)
+  and prints them as one table, failing loudly if any check fails;
+* :func:`seed_everything` makes a run repeatable;
+* :func:`save_figure` writes a figure to ``figures/`` under a stable name.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import random
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "Checks",
+    "SourceCode",
+    "figures_dir",
+    "format_number",
+    "save_figure",
+    "seed_everything",
+    "show_source",
+]
+
+
+@dataclass(frozen=True)
+class SourceCode:
+    """Source text that renders as highlighted Python in Jupyter and as plain text elsewhere."""
+
+    name: str
+    code: str
+
+    def _repr_markdown_(self) -> str:
+        return f"```python\n{self.code}\n```"
+
+    def __repr__(self) -> str:
+        return self.code
+
+
+def show_source(obj: Any) -> SourceCode:
+    """Return the source code of a function, class or method for display in a notebook.
+
+    ``obj`` is anything :func:`inspect.getsource` accepts. The result displays as a
+    highlighted code block; ``repr`` gives the plain source.
+    """
+    try:
+        code = inspect.getsource(obj)
+    except (TypeError, OSError) as exc:
+        raise TypeError(f"show_source: cannot find the source of {obj!r}: {exc}") from None
+    name = getattr(obj, "__qualname__", getattr(obj, "__name__", repr(obj)))
+    return SourceCode(name=name, code=textwrap.dedent(code).rstrip())
+
+
+def format_number(x: Any, digits: int = 4) -> str:
+    """Format a number (or a short sequence of numbers) compactly and deterministically.
+
+    Integers print exactly; floats with ``digits`` significant digits; sequences as
+    ``[a, b, ...]`` (at most 6 elements shown).
+    """
+    if isinstance(x, bool | np.bool_):
+        return str(bool(x))
+    if hasattr(x, "detach"):  # torch tensor
+        x = x.detach().cpu().numpy()
+    if isinstance(x, np.ndarray):
+        x = x.item() if x.ndim == 0 else x.ravel().tolist()
+    if isinstance(x, list | tuple):
+        shown = ", ".join(format_number(v, digits) for v in x[:6])
+        return f"[{shown}{', ...' if len(x) > 6 else ''}]"
+    if isinstance(x, int | np.integer):
+        return str(int(x))
+    if isinstance(x, float | np.floating):
+        x = float(x)
+        if x == 0.0:
+            return "0"
+        if math.isnan(x) or math.isinf(x):
+            return str(x)
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def _format_error(err: float | None) -> str:
+    if err is None:
+        return "-"
+    if err == 0.0:
+        return "0"
+    # One significant digit; anything at the level of float64 round-off is shown as such
+    # so that a table stays identical when round-off changes in its last bit.
+    if err < 1e-15:
+        return "<1e-15"
+    return f"{err:.0e}"
+
+
+def _max_abs_error(expected: Any, got: Any) -> float:
+    a = np.asarray(expected.detach().cpu() if hasattr(expected, "detach") else expected, dtype=float)
+    b = np.asarray(got.detach().cpu() if hasattr(got, "detach") else got, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"Checks: expected has shape {a.shape} but got has shape {b.shape}")
+    if a.size == 0:
+        return 0.0
+    return float(np.max(np.abs(a - b)))
+
+
+@dataclass
+class Checks:
+    """A table of verification checks, printed in the notebook and asserted.
+
+    Usage::
+
+        checks = Checks("softmax against PyTorch")
+        checks.close("softmax", expected=torch_p, got=our_p, tol=1e-12)
+        checks.equal("tokens", expected=hf_ids, got=our_ids)
+        checks.true("sums to one", bool(ok))
+        checks  # displays the table; raises AssertionError if any check failed
+
+    ``close`` compares numerically (max absolute error against ``tol``), ``equal``
+    compares exactly, ``true`` records a condition that must hold.
+    """
+
+    title: str = "checks"
+    rows: list[tuple[str, str, str, str, bool]] = field(default_factory=list)
+
+    def close(self, what: str, expected: Any, got: Any, tol: float = 1e-6, rel: bool = False,
+              digits: int = 4) -> float:
+        """Record that ``got`` equals ``expected`` to within ``tol`` (absolute, or relative
+        to ``max|expected|`` when ``rel``); return the error."""
+        err = _max_abs_error(expected, got)
+        if rel:
+            scale = float(np.max(np.abs(np.asarray(
+                expected.detach().cpu() if hasattr(expected, "detach") else expected, dtype=float))))
+            err = err / scale if scale > 0 else err
+        ok = bool(err <= tol) and not math.isnan(err)
+        self.rows.append((what, format_number(expected, digits), format_number(got, digits),
+                          _format_error(err), ok))
+        return err
+
+    def equal(self, what: str, expected: Any, got: Any) -> bool:
+        """Record that ``got == expected`` exactly (any comparable Python values)."""
+        if hasattr(expected, "tolist"):
+            expected = expected.tolist()
+        if hasattr(got, "tolist"):
+            got = got.tolist()
+        ok = bool(expected == got)
+        self.rows.append((what, format_number(expected), format_number(got), "-", ok))
+        return ok
+
+    def true(self, what: str, condition: bool, got: Any = "") -> bool:
+        """Record a condition that must hold, with an optional value to show."""
+        ok = bool(condition)
+        self.rows.append((what, "True", format_number(got) if got != "" else str(ok), "-", ok))
+        return ok
+
+    @property
+    def passed(self) -> bool:
+        return all(row[-1] for row in self.rows)
+
+    def table(self) -> str:
+        """The checks as a fixed-width text table."""
+        header = ("check", "expected", "got", "error", "pass")
+        body = [(w, e, g, err, "yes" if ok else "NO") for w, e, g, err, ok in self.rows]
+        widths = [max(len(r[i]) for r in [header, *body]) for i in range(5)]
+        widths = [min(w, 48) for w in widths]
+
+        def line(r: tuple[str, ...]) -> str:
+            cells = [(c if len(c) <= widths[i] else c[: widths[i] - 1] + "…").ljust(widths[i])
+                     for i, c in enumerate(r)]
+            return "  ".join(cells).rstrip()
+
+        rule = "  ".join("-" * w for w in widths)
+        n_ok = sum(ok for *_, ok in self.rows)
+        lines = [f"{self.title}: {n_ok}/{len(self.rows)} passed", line(header), rule]
+        lines += [line(r) for r in body]
+        return "\n".join(lines)
+
+    def assert_all(self) -> None:
+        """Raise ``AssertionError`` listing the failed checks, if any."""
+        failed = [row[0] for row in self.rows if not row[-1]]
+        if failed:
+            raise AssertionError(f"{self.title}: failed checks: {failed}\n{self.table()}")
+
+    def __repr__(self) -> str:
+        return self.table()
+
+    def _ipython_display_(self) -> None:
+        print(self.table())
+        self.assert_all()
+
+
+def seed_everything(seed: int = 0) -> Any:
+    """Seed Python, NumPy and PyTorch; return a seeded ``torch.Generator``.
+
+    Also asks PyTorch for deterministic algorithms where it has them, so that a
+    notebook re-executed on the same machine prints the same numbers.
+    """
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    os.environ["PYTHONHASHSEED"] = str(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    return torch.Generator().manual_seed(seed)
+
+
+def figures_dir() -> Path:
+    """The book's ``figures/`` folder (created if needed).
+
+    ``LLMBOOK_FIGURES`` overrides it; otherwise it is ``figures/`` beside the
+    package in a source checkout, or under the current directory.
+    """
+    env = os.environ.get("LLMBOOK_FIGURES")
+    if env:
+        path = Path(env)
+    else:
+        root = Path(__file__).resolve().parents[1]
+        path = root / "figures" if (root / "notebooks").is_dir() else Path.cwd() / "figures"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def save_figure(fig: Any, name: str, dpi: int = 110) -> Path:
+    """Save a matplotlib figure as ``figures/<name>.png`` and return the path.
+
+    ``name`` is a bare file stem such as ``"01_tokens_compression"`` (the chapter's
+    number and slug first). The PNG carries no timestamp, so re-running a notebook
+    rewrites an identical file when the figure is unchanged.
+    """
+    if not name or "/" in name or "\\" in name or name.endswith(".png"):
+        raise ValueError(f"save_figure: name must be a bare stem like '01_tokens_x', got {name!r}")
+    path = figures_dir() / f"{name}.png"
+    fig.savefig(path, dpi=dpi, bbox_inches="tight", metadata={"Software": None})
+    return path

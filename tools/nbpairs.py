@@ -1,0 +1,57 @@
+"""Shared plumbing for the notebook tools: find the pairs, read them, execute them.
+
+Every chapter is a pair ``notebooks/NN_slug.py`` (py:percent, the source) and
+``notebooks/NN_slug.ipynb`` (executed, with outputs). The ``.py`` is the truth.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import jupytext
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+TIMEOUT_S = 600
+
+
+def chapter_sources(names: list[str] | None = None) -> list[Path]:
+    """The chapter sources ``notebooks/NN_*.py``, all of them or the ones named."""
+    if not names:
+        return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
+    paths = []
+    for name in names:
+        p = Path(name)
+        p = p if p.suffix == ".py" else p.with_suffix(".py")
+        if not p.is_absolute():
+            p = (Path.cwd() / p) if (Path.cwd() / p).exists() else NOTEBOOKS / p.name
+        if not p.exists():
+            raise SystemExit(f"no such notebook source: {name}")
+        paths.append(p.resolve())
+    return paths
+
+
+def read_source(py: Path) -> nbformat.NotebookNode:
+    """Read a py:percent source as a notebook with the book's kernelspec."""
+    nb = jupytext.read(py, fmt="py:percent")
+    nb.metadata = {"kernelspec": dict(KERNELSPEC), "jupytext": {"formats": "ipynb,py:percent"}}
+    return nb
+
+
+def execute(nb: nbformat.NotebookNode, cwd: Path = NOTEBOOKS) -> float:
+    """Execute ``nb`` in place, top to bottom, in a fresh kernel; return the seconds taken."""
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    client = NotebookClient(nb, timeout=TIMEOUT_S, kernel_name="python3",
+                            resources={"metadata": {"path": str(cwd)}})
+    start = time.perf_counter()
+    client.execute()
+    return time.perf_counter() - start
+
+
+def cell_sources(nb: nbformat.NotebookNode) -> list[tuple[str, str]]:
+    return [(c.cell_type, c.source.strip()) for c in nb.cells]

@@ -1,0 +1,27 @@
+"""Re-execute notebook sources into their committed ``.ipynb`` (``make sync [NB=...]``).
+
+For each ``notebooks/NN_slug.py``: read it, execute it top to bottom in a fresh
+kernel, and write ``NN_slug.ipynb`` with the outputs. Prints each run time.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import nbformat
+from nbpairs import chapter_sources, execute, read_source
+
+
+def main(argv: list[str]) -> int:
+    names = [a for arg in argv for a in arg.split()]
+    for py in chapter_sources(names):
+        nb = read_source(py)
+        seconds = execute(nb)
+        nb.metadata.pop("widgets", None)
+        nbformat.write(nb, py.with_suffix(".ipynb"))
+        print(f"{py.stem}: executed in {seconds:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
