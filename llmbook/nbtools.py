@@ -66,7 +66,7 @@ def format_number(x: Any, digits: int = 4) -> str:
     """Format a number (or a short sequence of numbers) compactly and deterministically.
 
     Integers print exactly; floats with ``digits`` significant digits; sequences as
-    ``[a, b, ...]`` (at most 6 elements shown).
+    ``[a, b, ...]`` (a long one as its first three and its length).
     """
     if isinstance(x, bool | np.bool_):
         return str(bool(x))
@@ -75,8 +75,10 @@ def format_number(x: Any, digits: int = 4) -> str:
     if isinstance(x, np.ndarray):
         x = x.item() if x.ndim == 0 else x.ravel().tolist()
     if isinstance(x, list | tuple):
-        shown = ", ".join(format_number(v, digits) for v in x[:6])
-        return f"[{shown}{', ...' if len(x) > 6 else ''}]"
+        if len(x) <= 4:
+            return "[" + ", ".join(format_number(v, digits) for v in x) + "]"
+        shown = ", ".join(format_number(v, digits) for v in x[:3])
+        return f"[{shown}, … ({len(x)} values)]"
     if isinstance(x, int | np.integer):
         return str(int(x))
     if isinstance(x, float | np.floating):

@@ -1,10 +1,156 @@
 # %% [markdown]
 # # 0 Preface
+#
+# This book is about the mathematics of large language models, and it is written to be
+# *executed*. Every chapter is a notebook you run top to bottom on a laptop CPU. Each one
+# follows the same four steps:
+#
+# 1. **Derive.** A formula is stated and then derived with SymPy, so the algebra is checked
+#    by a computer algebra system rather than trusted.
+# 2. **Implement.** The formula is implemented in the `llmbook` package. The notebook shows
+#    the package's source in place: what you read is what the tests run.
+# 3. **Verify.** The implementation is compared with the symbolic result and with an
+#    independent production implementation (PyTorch, Hugging Face `tokenizers` or
+#    `transformers`). Every chapter prints a table of these checks with the measured error.
+# 4. **Explore.** A figure or experiment shows what the formula does.
+#
+# Each chapter ends with exercises; reference solutions live in `notebooks/solutions/` and
+# are checked by the test suite.
+#
+# ## How to run the book
+#
+# | command | what it does |
+# |---|---|
+# | `make book` | creates `.venv`, executes every notebook and renders the book to HTML under `build/book/` |
+# | `make test` | lint, notebook checks, unit tests, and every notebook re-executed and compared cell by cell |
+# | `make lab` | opens JupyterLab on `notebooks/` to study and experiment |
+#
+# The source of each chapter is a plain Python file, `notebooks/NN_slug.py`, paired with the
+# notebook `NN_slug.ipynb`; JupyterLab opens either. Change a number, re-run, and see what moves.
+#
+# ## Who it is for
+#
+# You know Python, NumPy, and first-year calculus and linear algebra. You do not need to
+# know PyTorch or any machine learning: the book introduces what it uses.
+
+# %% [markdown]
+# ## Checking the environment
+#
+# The next cell imports every package the book needs and fails loudly, naming what is
+# missing, if the machine is not ready. (Its printed versions differ from machine to
+# machine, so the test suite ignores this one cell's output, but not its failure.)
+
+# %% tags=["nbval-ignore-output"]
+from llmbook.environment import check_environment
+
+rows = check_environment()
+
+# %% [markdown]
+# ## Notation
+#
+# The same symbols are used in every chapter.
+#
+# | symbol | meaning |
+# |---|---|
+# | $B$ | batch size (sequences processed together) |
+# | $T$ | sequence length in tokens; $t$ indexes positions $1,\dots,T$ |
+# | $V$ | vocabulary size; tokens are integers $0,\dots,V-1$ |
+# | $d$ | model width (the size of each token's vector) |
+# | $H$ | number of attention heads; $d_k$ key/query width per head, $d_v$ value width |
+# | $L$ | number of layers |
+# | $E \in \mathbb{R}^{V\times d}$ | token embedding matrix |
+# | $x_{1:T}$ | a token sequence; $x_{<t}$ the tokens before position $t$ |
+# | $z \in \mathbb{R}^{V}$ | logits; $p = \mathrm{softmax}(z)$ the predicted distribution |
+# | $y$ | one-hot target vector |
+# | $\theta$ | all trainable parameters; $\mathcal{L}$ a loss |
+# | $\log$ | the natural logarithm: losses and entropies are in nats |
+# | $N$, $D$, $C$ | parameters, training tokens, training compute (FLOPs) |
+#
+# Shapes are written as tuples in code comments, e.g. `# (B, T, V)`.
+
+# %% [markdown]
+# ## The pattern in miniature
+#
+# Here is the whole rhythm on a small example: the derivative of the logistic sigmoid
+# $\sigma(x) = 1/(1+e^{-x})$, which appears again in the gated feed-forward layers of
+# Part II.
+#
+# **Derive.** SymPy differentiates $\sigma$ and we assert that the result equals
+# $\sigma(x)\,(1-\sigma(x))$:
 
 # %%
-from llmbook.nbtools import Checks
+import sympy as sp
 
-checks = Checks("smoke")
-checks.close("one", 1.0, 1.0 + 1e-17, tol=1e-12)
-checks.equal("ids", [1, 2], [1, 2])
+x = sp.symbols("x", real=True)
+sigma = 1 / (1 + sp.exp(-x))
+derivative = sp.diff(sigma, x)
+assert sp.simplify(derivative - sigma * (1 - sigma)) == 0
+sp.Eq(sp.Derivative(sp.Function("sigma")(x), x), sp.Function("sigma")(x) * (1 - sp.Function("sigma")(x)))
+
+# %% [markdown]
+# **Implement and verify.** In this miniature the implementation is PyTorch's own
+# `torch.sigmoid`; from Chapter 1 on the implementations are the book's. The derivative
+# that autograd computes in float64 should equal the symbolic formula evaluated with
+# `sp.lambdify` up to round-off. `Checks` collects such comparisons and prints them as
+# a table; if any fails, the cell raises.
+
+# %%
+import torch
+
+from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+
+generator = seed_everything(0)
+xs = torch.linspace(-8, 8, 101, dtype=torch.float64, requires_grad=True)
+torch.sigmoid(xs).sum().backward()
+symbolic = sp.lambdify(x, derivative, "numpy")(xs.detach().numpy())
+
+checks = Checks("sigmoid derivative")
+checks.close("autograd vs SymPy, 101 points", expected=symbolic, got=xs.grad, tol=1e-15)
+checks.close("derivative at 0 is 1/4", expected=0.25, got=float(xs.grad[50]), tol=0.0)
 checks
+
+# %% [markdown]
+# The helpers are part of the package like everything else. This is how a notebook shows
+# code; here is the one that makes a run repeatable:
+
+# %%
+show_source(seed_everything)
+
+# %% [markdown]
+# **Explore.** Every chapter saves its figures under `figures/`. The derivative peaks at
+# $1/4$ at $x=0$ and decays like $e^{-|x|}$: a saturated sigmoid passes almost no gradient,
+# a fact that comes back when we discuss gating and normalisation.
+
+# %%
+import matplotlib.pyplot as plt
+
+grid = xs.detach().numpy()
+fig, ax = plt.subplots(figsize=(6, 3.2))
+ax.plot(grid, torch.sigmoid(xs).detach().numpy(), label=r"$\sigma(x)$")
+ax.plot(grid, xs.grad.numpy(), label=r"$\sigma'(x)=\sigma(1-\sigma)$")
+ax.set(title="The logistic sigmoid and its derivative", xlabel="x", ylabel="value")
+ax.legend()
+save_figure(fig, "00_preface_sigmoid")
+plt.show()
+
+# %% [markdown]
+# ## The road ahead
+#
+# - **Part I, text as mathematics** (Chapters 1–3): bytes and byte-level BPE tokenisation;
+#   embeddings; language modelling as probability, with a synthetic source whose exact
+#   entropy rate is the floor every later model is measured against.
+# - **Part II, the transformer**: attention, positions, normalisation, the decoder.
+# - **Part III, training**: backpropagation, optimisers, a trained model, scaling laws.
+# - **Part IV, inference**: decoding, the KV cache, FlashAttention, quantisation.
+# - **Part V, adaptation and alignment**: LoRA, SFT, reward models, PPO, DPO, RL for reasoning.
+# - **Part VI, scale and beyond**: mixture of experts, distributed training, alternatives to attention.
+#
+# ## Exercises
+#
+# 1. Derive $\frac{d}{dx}\tanh(x)$ with SymPy and show it equals $1-\tanh^2(x)$. Then verify
+#    it against autograd in float64 on 101 points, as above.
+# 2. Show with SymPy that $\tanh(x) = 2\sigma(2x) - 1$.
+# 3. Use `Checks` to compare `torch.nn.functional.softplus` with $\log(1+e^{x})$ on
+#    $[-20, 20]$ in float64. What tolerance is honest, and why?
+#
+# Solutions: `notebooks/solutions/00_preface.py`.
