@@ -8,22 +8,24 @@ counts 1, 2, 3, ... with no errors in the outputs).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import jupytext
 from nbpairs import NOTEBOOKS, cell_sources
 
 
-def problems() -> list[str]:
+def problems(nb_dir: Path = NOTEBOOKS) -> list[str]:
+    """Every problem with the notebook pairs in ``nb_dir``, as readable sentences."""
     found = []
-    pys = {p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.py")}
-    ipynbs = {p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")}
+    pys = {p.stem for p in nb_dir.glob("[0-9][0-9]_*.py")}
+    ipynbs = {p.stem for p in nb_dir.glob("[0-9][0-9]_*.ipynb")}
     if not pys:
         found.append("no notebooks found under notebooks/")
     for stem in sorted(pys ^ ipynbs):
         found.append(f"{stem}: has only one half of its .py/.ipynb pair")
     for stem in sorted(pys & ipynbs):
-        src = jupytext.read(NOTEBOOKS / f"{stem}.py", fmt="py:percent")
-        nb = jupytext.read(NOTEBOOKS / f"{stem}.ipynb")
+        src = jupytext.read(nb_dir / f"{stem}.py", fmt="py:percent")
+        nb = jupytext.read(nb_dir / f"{stem}.ipynb")
         if cell_sources(src) != cell_sources(nb):
             found.append(f"{stem}: .py and .ipynb cells differ (run `make sync NB={stem}`)")
             continue
