@@ -5,6 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.py))
 export PYTHONHASHSEED := 0
+# tqdm.auto (imported by transformers) warns inside Jupyter when ipywidgets is absent;
+# the text fallback is what the book wants, and the warning would print a local path.
+export PYTHONWARNINGS := ignore:IProgress not found
 
 .PHONY: setup book lab test lint check-notebooks unit nbval sync bench clean
 

@@ -46,6 +46,7 @@ def read_source(py: Path) -> nbformat.NotebookNode:
 def execute(nb: nbformat.NotebookNode, cwd: Path = NOTEBOOKS) -> float:
     """Execute ``nb`` in place, top to bottom, in a fresh kernel; return the seconds taken."""
     os.environ.setdefault("PYTHONHASHSEED", "0")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore:IProgress not found")  # see the Makefile
     client = NotebookClient(nb, timeout=TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(cwd)}})
     start = time.perf_counter()
