@@ -1,0 +1,52 @@
+"""Byte-level BPE tokenization, written from scratch (chapter 1 of the book).
+
+Introduced in notebooks/01_tokens. The modules, each adding one idea:
+
+* :mod:`.pretokenize`: GPT-2's pre-tokenisation regex and its byte <-> unicode alphabet;
+* :mod:`.train`: :func:`train_bpe_naive` and :func:`train_bpe` (incremental pair counts);
+* :mod:`.encode`: :class:`BPETokenizer` (encode, decode, streaming encode);
+* :mod:`.gpt2_files`: GPT-2's ``encoder.json`` + ``vocab.bpe`` file pair;
+* :mod:`.hf_peer`: Hugging Face ``tokenizers`` set up as the independent check.
+"""
+
+from llmbook.tokenizer.encode import BPETokenizer
+from llmbook.tokenizer.gpt2_files import read_gpt2_files, write_gpt2_files
+from llmbook.tokenizer.hf_peer import hf_tokenizer_from_bpe, train_hf_bpe
+from llmbook.tokenizer.pretokenize import (
+    GPT2_SPLIT_PATTERN,
+    bytes_to_unicode,
+    gpt2_string_to_token,
+    pretokenize,
+    split_on_special_tokens,
+    token_to_gpt2_string,
+    unicode_to_bytes,
+)
+from llmbook.tokenizer.train import (
+    count_pairs,
+    count_pretokens,
+    load_text,
+    merge_pair,
+    train_bpe,
+    train_bpe_naive,
+)
+
+__all__ = [
+    "GPT2_SPLIT_PATTERN",
+    "BPETokenizer",
+    "bytes_to_unicode",
+    "count_pairs",
+    "count_pretokens",
+    "gpt2_string_to_token",
+    "hf_tokenizer_from_bpe",
+    "load_text",
+    "merge_pair",
+    "pretokenize",
+    "read_gpt2_files",
+    "split_on_special_tokens",
+    "token_to_gpt2_string",
+    "train_bpe",
+    "train_bpe_naive",
+    "train_hf_bpe",
+    "unicode_to_bytes",
+    "write_gpt2_files",
+]

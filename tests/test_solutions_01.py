@@ -1,0 +1,68 @@
+"""Checks the reference solutions of notebooks/01_tokens (notebooks/solutions/01_tokens.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from llmbook.corpus import load_stdlib_docs
+from llmbook.tokenizer import BPETokenizer, count_pretokens, train_bpe
+
+PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "01_tokens.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("solutions_01_tokens", PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sol = _load()
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> BPETokenizer:
+    vocab, merges = train_bpe(load_stdlib_docs(100_000), 700)
+    return BPETokenizer(vocab, merges)
+
+
+def test_exercise_1_utf8_length_and_encode_on_every_scalar_value():
+    for cp in range(0x110000):
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        if cp % 97 == 0 or cp < 0x1000 or cp in (0x7F, 0x80, 0x7FF, 0x800, 0xFFFF, 0x10000):
+            expected = chr(cp).encode("utf-8")
+            assert sol.utf8_encode(cp) == expected
+        assert sol.utf8_length(cp) == len(chr(cp).encode("utf-8"))
+    with pytest.raises(ValueError, match="0xd800 is not a Unicode scalar"):
+        sol.utf8_length(0xD800)
+    with pytest.raises(ValueError, match="0x110000"):
+        sol.utf8_encode(0x110000)
+
+
+def test_exercise_2_most_frequent_pair():
+    counts = {b"low": 5, b"lower": 2, b"newest": 6, b"widest": 3}
+    # e-s and s-t occur 6 + 3 = 9 times; (b"e", b"s") < (b"s", b"t")
+    assert sol.most_frequent_pair(counts) == (b"e", b"s")
+    assert sol.most_frequent_pair({b"aaabdaaabac": 1}) == (b"a", b"a")
+    text = load_stdlib_docs(30_000)
+    _, merges = train_bpe(text, 257)
+    assert sol.most_frequent_pair(count_pretokens(text)) == merges[0]
+    with pytest.raises(ValueError, match="no pair to merge"):
+        sol.most_frequent_pair({b"a": 3})
+
+
+def test_exercise_3_bpe_encode_word_matches_the_tokenizer(tokenizer):
+    for word in ["hello", " tokenization", " naïve", "東京", "'s", "   ", " 2024"]:
+        pieces = sol.bpe_encode_word(word.encode("utf-8"), tokenizer.merges)
+        assert b"".join(pieces) == word.encode("utf-8")
+        assert pieces == [tokenizer.vocab[i] for i in tokenizer.encode(word)]
+
+
+def test_exercise_4_non_additive_pair(tokenizer):
+    a, b = sol.non_additive_pair(tokenizer)
+    assert tokenizer.encode(a + b) != tokenizer.encode(a) + tokenizer.encode(b)
+    assert tokenizer.decode(tokenizer.encode(a) + tokenizer.encode(b)) == a + b

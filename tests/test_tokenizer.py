@@ -1,0 +1,373 @@
+"""Unit tests of llmbook.tokenizer: worked examples, properties, bad input (notebooks/01_tokens)."""
+
+from __future__ import annotations
+
+import io
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmbook.corpus import load_stdlib_docs, stdlib_docs_path
+from llmbook.tokenizer import (
+    BPETokenizer,
+    bytes_to_unicode,
+    count_pairs,
+    count_pretokens,
+    gpt2_string_to_token,
+    load_text,
+    merge_pair,
+    pretokenize,
+    read_gpt2_files,
+    split_on_special_tokens,
+    token_to_gpt2_string,
+    train_bpe,
+    train_bpe_naive,
+    unicode_to_bytes,
+)
+
+EOT = "<|endoftext|>"
+
+
+@pytest.fixture(scope="module")
+def small_tokenizer() -> BPETokenizer:
+    vocab, merges = train_bpe(load_stdlib_docs(60_000), 600, [EOT, "<|pad|>"])
+    return BPETokenizer(vocab, merges, [EOT, "<|pad|>"])
+
+
+# -- the byte alphabet and pre-tokenisation -------------------------------------------------
+
+def test_bytes_to_unicode_is_a_bijection_onto_printable_characters():
+    table = bytes_to_unicode()
+    assert sorted(table) == list(range(256))
+    assert len(set(table.values())) == 256
+    assert not any(c.isspace() for c in table.values())
+    assert table[ord(" ")] == "Ġ" and table[ord("\n")] == "Ċ" and table[ord("A")] == "A"
+    assert table[0] == "\u0100" and table[0xAD] == "Ń"  # first and last shifted bytes
+    assert unicode_to_bytes() == {c: b for b, c in table.items()}
+
+
+def test_gpt2_strings_round_trip_and_reject_foreign_characters():
+    assert token_to_gpt2_string(b" the") == "Ġthe"
+    assert gpt2_string_to_token("Ġthe") == b" the"
+    every_byte = bytes(range(256))
+    assert gpt2_string_to_token(token_to_gpt2_string(every_byte)) == every_byte
+    with pytest.raises(ValueError, match="U\\+0020"):
+        gpt2_string_to_token("a b")
+    with pytest.raises(TypeError, match="expected bytes"):
+        token_to_gpt2_string("the")
+
+
+def test_pretokenize_gpt2_pattern_worked_example():
+    assert pretokenize("Hello, world's  end\n\n  x") == [
+        "Hello", ",", " world", "'s", " ", " end", "\n\n ", " x"]
+    assert pretokenize("I'm 2024's 3.14") == ["I", "'m", " 2024", "'s", " 3", ".", "14"]
+    with pytest.raises(TypeError, match="expected str"):
+        pretokenize(b"bytes")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text())
+def test_pretokens_concatenate_to_the_text(text):
+    assert "".join(pretokenize(text)) == text
+
+
+def test_split_on_special_tokens_longest_first():
+    specials = ["<|a|>", "<|a|><|b|>"]
+    assert split_on_special_tokens("x<|a|><|b|>y<|a|>", specials) == [
+        ("x", False), ("<|a|><|b|>", True), ("y", False), ("<|a|>", True)]
+    assert split_on_special_tokens("plain", []) == [("plain", False)]
+    assert split_on_special_tokens("", []) == []
+
+
+# -- training: the worked example --------------------------------------------------------
+
+def test_worked_example_aaabdaaabac():
+    """Pair counts in 'aaabdaaabac': aa 4 (overlapping), ab 2, others 1 -> merge aa (id 256).
+    Then 'aa a b d aa a b a c': (aa, a) 2 and (a, b) 2 tie; b"a" < b"aa" so (a, b) wins
+    (id 257). Then (aa, ab) 2 -> 'aaab' (id 258); then all pairs count 1 and the
+    smallest is (a, c) -> 'ac' (id 259)."""
+    vocab, merges = train_bpe("aaabdaaabac", 260)
+    assert merges == [(b"a", b"a"), (b"a", b"b"), (b"aa", b"ab"), (b"a", b"c")]
+    assert [vocab[i] for i in range(256, 260)] == [b"aa", b"ab", b"aaab", b"ac"]
+    assert count_pairs([list(b"aaabdaaabac")], [1])[(97, 97)] == 4
+    three = BPETokenizer(*train_bpe("aaabdaaabac", 259))
+    assert three.encode("aaabdaaabac") == [258, 100, 258, 97, 99]
+    assert three.encode("aaab") == [258] and three.encode("ba") == [98, 97]
+
+
+def test_worked_example_with_spaces_and_special_tokens():
+    text = "low lower<|endoftext|>low lowest"
+    assert count_pretokens(text, (EOT,)) == {b"low": 2, b" lower": 1, b" lowest": 1}
+    vocab, merges = train_bpe(text, 256 + 1 + 3, [EOT])
+    assert vocab[256] == EOT.encode()
+    # (l,o) and (o,w) occur 4 times, (' ',l) and (w,e) twice: (l, o) is the smaller byte pair
+    assert merges == [(b"l", b"o"), (b"lo", b"w"), (b" ", b"low")]
+    tok = BPETokenizer(vocab, merges, [EOT])
+    assert tok.encode("low lower" + EOT) == [258, 259, 101, 114, 256]
+
+
+def test_merge_pair_does_not_overlap():
+    assert merge_pair([1, 2, 2, 2], (2, 2), 9) == [1, 9, 2]
+    assert merge_pair([2, 2, 2, 2], (2, 2), 9) == [9, 9]
+    assert merge_pair([], (1, 2), 9) == []
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.text(alphabet="ab c\n'é", min_size=1, max_size=60),
+       st.integers(min_value=256, max_value=300))
+def test_incremental_trainer_equals_naive_trainer(text, vocab_size):
+    assert train_bpe(text, vocab_size) == train_bpe_naive(text, vocab_size)
+
+
+def test_incremental_equals_naive_on_real_text_with_specials():
+    text = load_stdlib_docs(20_000).replace("\n\n\n", EOT)
+    assert train_bpe(text, 420, [EOT]) == train_bpe_naive(text, 420, [EOT])
+
+
+def test_vocab_layout_and_merge_count():
+    text = load_stdlib_docs(30_000)
+    vocab, merges = train_bpe(text, 400, [EOT, "<|pad|>"])
+    assert [vocab[i] for i in range(256)] == [bytes([i]) for i in range(256)]
+    assert vocab[256] == EOT.encode() and vocab[257] == b"<|pad|>"
+    assert len(vocab) == 400 and len(merges) == 400 - 256 - 2
+    assert [vocab[258 + k] for k in range(len(merges))] == [a + b for a, b in merges]
+
+
+def test_training_stops_when_pairs_run_out():
+    vocab, merges = train_bpe("ab ab", 1000)
+    assert merges == [(b"a", b"b"), (b" ", b"ab")] and len(vocab) == 258
+
+
+def test_special_tokens_are_never_merged_in_training():
+    text = ("xy" + EOT) * 50
+    assert train_bpe(text, 300, [EOT])[1] == [(b"x", b"y")]  # then no pairs are left
+    as_plain_text = train_bpe(text, 300)[1]  # without the special, its pieces get merged
+    assert any(b"|" in a + b for a, b in as_plain_text)
+
+
+def test_train_from_path_equals_train_from_text(tmp_path):
+    path = tmp_path / "corpus.txt"
+    text = "naïve café, 東京 🙂 " * 20
+    path.write_text(text, encoding="utf-8")
+    assert train_bpe(path, 300) == train_bpe(text, 300)
+    assert load_text(path) == text
+
+
+# -- training: bad input -------------------------------------------------------------------
+
+def test_training_rejects_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="vocab_size=257 is below 256 bytes \\+ 2 special"):
+        train_bpe("abc", 257, [EOT, "<|pad|>"])
+    with pytest.raises(TypeError, match="vocab_size must be an int, got float"):
+        train_bpe("abc", 300.0)
+    with pytest.raises(ValueError, match="empty corpus"):
+        train_bpe("", 300)
+    with pytest.raises(ValueError, match="special token '' is empty"):
+        train_bpe("abc", 300, [""])
+    with pytest.raises(ValueError, match="'<\\|x\\|>' is given more than once"):
+        train_bpe("abc", 300, ["<|x|>", "<|x|>"])
+    with pytest.raises(TypeError, match="not the single str"):
+        train_bpe("abc", 300, EOT)
+    with pytest.raises(TypeError, match="is a int, not a str"):
+        train_bpe("abc", 300, [7])
+    with pytest.raises(TypeError, match="got bytes"):
+        train_bpe(b"abc", 300)
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("abc café".encode("latin-1"))
+    with pytest.raises(ValueError, match="latin1.txt.*not UTF-8.*byte offset 7"):
+        train_bpe(bad, 300)
+    with pytest.raises(FileNotFoundError):
+        train_bpe(tmp_path / "missing.txt", 300)
+
+
+# -- encoding and decoding -------------------------------------------------------------------
+
+TRICKY = ("Héllo wörld! 你好，世界 🤖🎉 I'm   here, they're 12345 678\n\n\t tabs  \n"
+          " trailing   " + EOT + "x<|pad|>" + EOT + " don't'll ")
+
+
+def test_round_trip_and_special_tokens_kept_whole(small_tokenizer):
+    tok = small_tokenizer
+    ids = tok.encode(TRICKY)
+    assert tok.decode(ids) == TRICKY
+    assert ids.count(256) == 2 and ids.count(257) == 1
+    assert tok.encode(EOT) == [256]
+    assert tok.encode("<|endoftext") != [256]  # an unfinished special token is plain text
+    no_specials = BPETokenizer(tok.vocab, tok.merges)
+    assert 256 not in no_specials.encode(EOT) and no_specials.decode(no_specials.encode(EOT)) == EOT
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.text(st.characters(codec="utf-8"), max_size=80))
+def test_decode_inverts_encode(small_tokenizer, text):
+    assert small_tokenizer.decode(small_tokenizer.encode(text)) == text
+
+
+def test_decode_replaces_invalid_utf8(small_tokenizer):
+    tok = small_tokenizer
+    ids = tok.encode("é")  # two bytes 0xC3 0xA9
+    assert tok.decode_bytes(ids) == "é".encode()
+    assert tok.decode([0xC3]) == "\ufffd"
+    assert tok.decode([0xC3, ord("a")]) == "\ufffda"
+
+
+def test_encode_decode_bad_input(small_tokenizer):
+    tok = small_tokenizer
+    with pytest.raises(ValueError, match="id 600 at position 1 is not in the vocabulary"):
+        tok.decode([5, 600])
+    with pytest.raises(ValueError, match="id -1 at position 0"):
+        tok.decode([-1])
+    with pytest.raises(TypeError, match="position 0 is 'a', not an int"):
+        tok.decode(["a"])
+    with pytest.raises(TypeError, match="decode expects a list of ids, got str"):
+        tok.decode("abc")
+    with pytest.raises(TypeError, match="encode expects a str, got bytes"):
+        tok.encode(b"abc")
+    with pytest.raises(TypeError, match="expects strings, got int"):
+        list(tok.encode_iterable(["a", 3]))
+
+
+def test_decode_accepts_numpy_and_torch_integers(small_tokenizer):
+    import numpy as np
+    import torch
+
+    ids = small_tokenizer.encode("hello world")
+    assert small_tokenizer.decode(np.array(ids)) == "hello world"
+    assert small_tokenizer.decode(torch.tensor(ids)) == "hello world"
+
+
+def test_tokenizer_constructor_rejects_bad_input():
+    vocab = {i: bytes([i]) for i in range(256)}
+    with pytest.raises(ValueError, match="vocab lacks 1 single bytes"):
+        BPETokenizer({i: bytes([i]) for i in range(255)}, [])
+    with pytest.raises(ValueError, match="merges\\[0\\].*b'ab' is not in the vocab"):
+        BPETokenizer(vocab, [(b"a", b"b")])
+    with pytest.raises(TypeError, match="merges\\[0\\] must be a pair of bytes"):
+        BPETokenizer(vocab, [("a", "b")])
+    with pytest.raises(ValueError, match="special token '<\\|eot\\|>' is not in the vocab"):
+        BPETokenizer(vocab, [], ["<|eot|>"])
+    with pytest.raises(TypeError, match="vocab\\[3\\] must be non-empty bytes"):
+        BPETokenizer({**vocab, 3: "x"}, [])
+    with pytest.raises(TypeError, match="vocab must be a dict"):
+        BPETokenizer(list(vocab.values()), [])
+
+
+def test_encode_applies_merges_by_rank_not_by_position():
+    # merges: (b, c) first, then (a, b): "abc" -> a + bc, not ab + c
+    vocab = {i: bytes([i]) for i in range(256)} | {256: b"bc", 257: b"ab"}
+    tok = BPETokenizer(vocab, [(b"b", b"c"), (b"a", b"b")])
+    assert tok.encode("abc") == [97, 256]
+    assert tok.encode("abab") == [257, 257]
+
+
+def test_tokenizer_accepts_gpt2_id_layout():
+    """GPT-2's files do not put the bytes at ids 0..255; any layout must work."""
+    vocab = {255 - i: bytes([i]) for i in range(256)} | {300: b"ab", 301: b"<|endoftext|>"}
+    tok = BPETokenizer(vocab, [(b"a", b"b")], [EOT])
+    assert tok.encode("abc" + EOT) == [300, 255 - ord("c"), 301]
+    assert tok.decode([300, 301]) == "ab" + EOT
+
+
+# -- streaming -----------------------------------------------------------------------------
+
+def test_encode_iterable_over_a_file_equals_encode(small_tokenizer, tmp_path):
+    text = load_stdlib_docs(40_000) + "\n" + TRICKY * 3
+    path = tmp_path / "text.txt"
+    path.write_text(text, encoding="utf-8")
+    with open(path, encoding="utf-8", newline="") as f:
+        streamed = list(small_tokenizer.encode_iterable(f, block_chars=500))
+    assert streamed == small_tokenizer.encode(text)
+
+
+STREAM_PIECES = [*"ab 's\n\t.1é🙂", "  ", "\n\n", EOT, "<|pad|>", "<|", "|>", "'r", "'re"]
+
+
+@pytest.fixture(scope="module")
+def stream_tokenizer() -> BPETokenizer:
+    """Trained on text made of the pieces the streaming test draws from, so that merges
+    such as b"\n\n" and b"  " exist and a wrong cut changes the ids."""
+    rng = random.Random(0)
+    text = "".join(rng.choice(STREAM_PIECES) for _ in range(20_000))
+    vocab, merges = train_bpe(text, 420, [EOT, "<|pad|>"])
+    assert (b"\n", b"\n") in merges and (b" ", b" ") in merges
+    return BPETokenizer(vocab, merges, [EOT, "<|pad|>"])
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(STREAM_PIECES), max_size=6).map("".join), max_size=30),
+       st.integers(min_value=1, max_value=12))
+def test_encode_iterable_is_exact_for_any_chunking(stream_tokenizer, chunks, block):
+    expected = stream_tokenizer.encode("".join(chunks))
+    assert list(stream_tokenizer.encode_iterable(chunks, block_chars=block)) == expected
+
+
+def test_encode_iterable_reads_lazily(small_tokenizer):
+    lines = load_stdlib_docs(100_000).splitlines(keepends=True)
+    pulled = 0
+
+    def reader():
+        nonlocal pulled
+        for line in lines:
+            pulled += 1
+            yield line
+
+    stream = small_tokenizer.encode_iterable(reader(), block_chars=2_000)
+    first = [next(stream) for _ in range(100)]
+    assert pulled < len(lines) / 10  # the first ids come before most of the text is read
+    assert first == small_tokenizer.encode("".join(lines))[:100]
+    with pytest.raises(ValueError, match="block_chars must be a positive int"):
+        list(small_tokenizer.encode_iterable(["a"], block_chars=0))
+
+
+# -- GPT-2 files ---------------------------------------------------------------------------
+
+def test_gpt2_files_round_trip(small_tokenizer, tmp_path):
+    encoder_json, vocab_bpe = small_tokenizer.save_gpt2_files(tmp_path)
+    first_lines = vocab_bpe.read_text(encoding="utf-8").split("\n")[:2]
+    a, b = small_tokenizer.merges[0]
+    assert first_lines == ["#version: 0.2", f"{token_to_gpt2_string(a)} {token_to_gpt2_string(b)}"]
+    again = BPETokenizer.from_gpt2_files(encoder_json, vocab_bpe)
+    assert again.vocab == small_tokenizer.vocab and again.merges == small_tokenizer.merges
+    assert again.special_tokens == (EOT, "<|pad|>")  # found as neither byte nor merge
+    assert again.encode(TRICKY) == small_tokenizer.encode(TRICKY)
+
+
+def test_gpt2_files_bad_input(small_tokenizer, tmp_path):
+    encoder_json, vocab_bpe = small_tokenizer.save_gpt2_files(tmp_path)
+    broken = tmp_path / "broken.bpe"
+    broken.write_text("#version: 0.2\nĠt h e\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="broken.bpe' line 2: expected two tokens"):
+        read_gpt2_files(encoder_json, broken)
+    foreign = tmp_path / "foreign.bpe"
+    foreign.write_text("#version: 0.2\n\u4e00 a\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="foreign.bpe' line 2: .*U\\+4E00"):
+        read_gpt2_files(encoder_json, foreign)
+    not_json = tmp_path / "encoder_bad.json"
+    not_json.write_text("{not json", encoding="utf-8")
+    with pytest.raises(ValueError, match="encoder_bad.json' is not valid JSON"):
+        read_gpt2_files(not_json, vocab_bpe)
+    with pytest.raises(ValueError, match="special token '<\\|nope\\|>' is not in"):
+        read_gpt2_files(encoder_json, vocab_bpe, ["<|nope|>"])
+
+
+# -- the corpus ------------------------------------------------------------------------------
+
+def test_corpus_loader():
+    path = stdlib_docs_path()
+    assert isinstance(path, Path) and path.name == "stdlib_docs.txt"
+    assert 1_200_000 <= path.stat().st_size <= 2_000_000
+    head = load_stdlib_docs(1000)
+    assert head.startswith("# module abc") and len(head.encode()) <= 1000
+    assert load_stdlib_docs().startswith(head)
+    with pytest.raises(ValueError, match="max_bytes must be >= 0, got -1"):
+        load_stdlib_docs(-1)
+    with pytest.raises(TypeError, match="max_bytes must be an int or None"):
+        load_stdlib_docs(1.5)
+
+
+def test_encode_iterable_accepts_a_text_stream(small_tokenizer):
+    text = "one\ntwo  three\n\n four"
+    assert list(small_tokenizer.encode_iterable(io.StringIO(text))) == small_tokenizer.encode(text)
