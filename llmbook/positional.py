@@ -1,0 +1,388 @@
+"""Position information for attention: sinusoidal, learned, rotary (RoPE) and ALiBi.
+
+Introduced in notebooks/05_positions. Attention without positions is permutation
+equivariant: shuffling the tokens shuffles the outputs the same way, so "dog bites man"
+and "man bites dog" look alike. Each scheme below breaks that symmetry differently.
+
+* :func:`sinusoidal_positions` - the fixed table added to the token embeddings by the
+  original transformer (Vaswani et al., 2017, "Attention Is All You Need", section 3.5);
+  :func:`sinusoidal_shift_matrix` is the rotation that moves it by k positions.
+* :class:`LearnedPositions` - a trained table of T_max rows, GPT-2's ``wpe``.
+* :class:`RotaryEmbedding` - rotary position embedding (Su et al., 2021, "RoFormer:
+  Enhanced Transformer with Rotary Position Embedding"): queries and keys are rotated by
+  an angle proportional to their position, so q.k depends only on the offset m - n.
+  :func:`apply_rotary`, :func:`rotate_half`, :func:`rope_frequencies`,
+  :func:`rope_matrix` and :func:`rope_permutation` are its parts and its two layouts.
+* :func:`alibi_slopes`, :func:`alibi_bias` - attention with linear biases (Press, Smith &
+  Lewis, 2022, "Train Short, Test Long: Attention with Linear Biases Enables Input Length
+  Extrapolation"): no position vectors at all, a penalty proportional to distance.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "LearnedPositions",
+    "RotaryEmbedding",
+    "alibi_bias",
+    "alibi_slopes",
+    "apply_rotary",
+    "rope_frequencies",
+    "rope_matrix",
+    "rope_permutation",
+    "rotate_half",
+    "sinusoidal_positions",
+    "sinusoidal_shift_matrix",
+]
+
+
+def _check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {name}={value}")
+    return value
+
+
+def _check_even(name: str, value: object) -> int:
+    value = _check_positive_int(name, value)
+    if value % 2:
+        raise ValueError(f"{name} must be even (its entries are rotated in pairs), got {name}={value}")
+    return value
+
+
+def _check_base(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 1:
+        raise ValueError(f"{name} must be a number greater than 1, got {name}={value!r}")
+    return float(value)
+
+
+def _check_positions(positions: object, max_seq_len: int) -> Tensor:
+    """Positions must be an integer tensor with every entry in [0, max_seq_len)."""
+    if not isinstance(positions, Tensor):
+        raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+    if positions.dtype == torch.bool or positions.is_floating_point() or positions.is_complex():
+        raise TypeError(
+            f"positions must have an integer dtype (e.g. torch.long), got {positions.dtype}"
+        )
+    if positions.numel() > 0:
+        lo, hi = int(positions.min()), int(positions.max())
+        bad = lo if lo < 0 else hi if hi >= max_seq_len else None
+        if bad is not None:
+            raise ValueError(
+                f"position {bad} is out of range for max_seq_len={max_seq_len} "
+                f"(positions must lie in [0, {max_seq_len - 1}])"
+            )
+    return positions
+
+
+# ---------------------------------------------------------------- sinusoidal
+
+
+def sinusoidal_positions(
+    num_positions: int, d_model: int, base: float = 10000.0, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """The sinusoidal position table of Vaswani et al. (2017), section 3.5: (T, d).
+
+    PE[pos, 2i] = sin(pos * w_i) and PE[pos, 2i+1] = cos(pos * w_i), with the frequency
+    w_i = base^(-2i/d) for i = 0, ..., d/2 - 1: wavelengths from 2 pi to 2 pi base. The
+    table is computed in float64 and rounded once to ``dtype``. ``d_model`` must be even.
+    """
+    num_positions = _check_positive_int("num_positions", num_positions)
+    d_model = _check_even("d_model", d_model)
+    base = _check_base("base", base)
+    pos = torch.arange(num_positions, dtype=torch.float64)  # (T,)
+    omega = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (d/2,)
+    angles = torch.outer(pos, omega)  # (T, d/2)
+    pe = torch.stack((angles.sin(), angles.cos()), dim=-1)  # (T, d/2, 2)
+    return pe.reshape(num_positions, d_model).to(dtype)  # (T, d): sin, cos, sin, cos, ...
+
+
+def sinusoidal_shift_matrix(
+    offset: int, d_model: int, base: float = 10000.0, dtype: torch.dtype = torch.float64
+) -> Tensor:
+    """The (d, d) matrix M_k with PE[pos + k] = M_k PE[pos] for every pos (k = ``offset``).
+
+    By the angle-addition formulas each (sin, cos) pair at pos + k is the pair at pos
+    rotated by the angle k w_i, so M_k is block diagonal with 2x2 blocks
+    [[cos k w_i, sin k w_i], [-sin k w_i, cos k w_i]]: a fixed linear map that does not
+    depend on pos. As row vectors, ``PE[k:] == PE[:-k] @ M_k.T``.
+    """
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(f"offset must be an int, got {offset!r} ({type(offset).__name__})")
+    d_model = _check_even("d_model", d_model)
+    base = _check_base("base", base)
+    omega = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (d/2,)
+    c, s = torch.cos(offset * omega), torch.sin(offset * omega)  # (d/2,)
+    blocks = torch.stack((torch.stack((c, s), -1), torch.stack((-s, c), -1)), -2)  # (d/2, 2, 2)
+    return torch.block_diag(*blocks).to(dtype)  # (d, d)
+
+
+# ---------------------------------------------------------------- learned
+
+
+class LearnedPositions(nn.Module):
+    """A learned absolute position table P of shape (T_max, d), like GPT-2's ``wpe``.
+
+    ``forward(positions)`` looks up rows: (T,) or (B, T) integer positions -> (T, d) or
+    (B, T, d); the model adds the result to the token embeddings. The table has no row
+    for a position >= T_max, so such a position is an error (naming the position and
+    ``max_seq_len``): a learned table cannot extrapolate. Initialisation N(0, std^2) with
+    std = 0.02, as GPT-2 implementations do (Radford et al., 2019). The parameter is called
+    ``weight``, so state dicts move to and from ``torch.nn.Embedding``.
+    """
+
+    def __init__(
+        self,
+        max_seq_len: int,
+        d_model: int,
+        std: float = 0.02,
+        generator: torch.Generator | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.max_seq_len = _check_positive_int("max_seq_len", max_seq_len)
+        self.d_model = _check_positive_int("d_model", d_model)
+        if not std > 0:
+            raise ValueError(f"std must be positive, got std={std}")
+        self.std = float(std)
+        self.weight = nn.Parameter(torch.empty(max_seq_len, d_model, dtype=dtype))  # (T_max, d)
+        with torch.no_grad():
+            self.weight.normal_(0.0, self.std, generator=generator)
+
+    def forward(self, positions: Tensor) -> Tensor:
+        """Rows of the table: (T,) or (B, T) integer positions -> (T, d) or (B, T, d)."""
+        positions = _check_positions(positions, self.max_seq_len)
+        if positions.ndim not in (1, 2):
+            raise ValueError(
+                f"positions must have shape (T,) or (B, T), got {tuple(positions.shape)}"
+            )
+        return self.weight[positions]  # (..., T, d)
+
+    def extra_repr(self) -> str:
+        return f"max_seq_len={self.max_seq_len}, d_model={self.d_model}, std={self.std}"
+
+
+# ---------------------------------------------------------------- rotary (RoPE)
+
+
+def rope_frequencies(
+    d_head: int, theta: float = 10000.0, dtype: torch.dtype = torch.float64
+) -> Tensor:
+    """The RoPE angular frequencies theta_j = theta^(-2j/d_head), j = 0..d_head/2 - 1: (d/2,).
+
+    Su et al. (2021), equation (15). Computed as ``1 / theta ** (2j / d)`` in ``dtype``,
+    which in float32 is bit for bit the ``inv_freq`` of Hugging Face's Llama.
+    """
+    d_head = _check_even("d_head", d_head)
+    theta = _check_base("theta", theta)
+    return 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=dtype) / d_head))  # (d/2,)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(x1, x2) -> (-x2, x1) with x1, x2 the two halves of the last axis: (..., d) -> (..., d).
+
+    With it the half-split rotation reads x cos + rotate_half(x) sin, with cos and sin
+    repeated as (c_0..c_{d/2-1}, c_0..c_{d/2-1}): the form used in Hugging Face's Llama.
+    """
+    if not isinstance(x, Tensor) or x.ndim == 0 or x.shape[-1] % 2:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"rotate_half needs a last axis of even length, got {shape}")
+    x1, x2 = x.chunk(2, dim=-1)  # (..., d/2) each
+    return torch.cat((-x2, x1), dim=-1)  # (..., d)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Tensor:
+    """Rotate the pairs of the last axis of ``x`` by the angles whose cos and sin are given.
+
+    Pair j, with components (a, b), becomes (a cos_j - b sin_j, a sin_j + b cos_j): the
+    complex number a + ib times e^(i angle_j). ``interleaved=True`` pairs (x_0, x_1),
+    (x_2, x_3), ... (RoFormer, GPT-J, Meta's Llama code); ``interleaved=False`` pairs
+    (x_j, x_{j + d/2}) (Hugging Face Llama/Qwen2 checkpoints).
+
+    Shapes: ``x`` (..., d); ``cos`` and ``sin`` (..., d/2), broadcastable to x's leading
+    shape without enlarging it (e.g. (T, d/2) for x of shape (B, H, T, d)).
+    """
+    if not isinstance(x, Tensor) or not isinstance(cos, Tensor) or not isinstance(sin, Tensor):
+        raise TypeError("apply_rotary expects tensors x, cos and sin")
+    if x.ndim == 0 or x.shape[-1] % 2:
+        raise ValueError(f"x must have a last axis of even length, got {tuple(x.shape)}")
+    half = x.shape[-1] // 2
+    if cos.shape != sin.shape or cos.ndim == 0 or cos.shape[-1] != half:
+        raise ValueError(
+            f"cos and sin must have equal shapes (..., d/2={half}), got {tuple(cos.shape)} "
+            f"and {tuple(sin.shape)} for x of shape {tuple(x.shape)}"
+        )
+    try:
+        lead = torch.broadcast_shapes(x.shape[:-1], cos.shape[:-1])
+    except RuntimeError:
+        lead = None
+    if lead != x.shape[:-1]:
+        raise ValueError(
+            f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x of shape {tuple(x.shape)}"
+        )
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]  # (..., d/2) each
+        out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (..., d/2, 2)
+        return out.flatten(-2)  # (..., d)
+    a, b = x[..., :half], x[..., half:]  # (..., d/2) each
+    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)  # (..., d)
+
+
+def rope_matrix(
+    position: int,
+    d_head: int,
+    theta: float = 10000.0,
+    interleaved: bool = False,
+    dtype: torch.dtype = torch.float64,
+) -> Tensor:
+    """The (d, d) orthogonal matrix R_m that RoPE applies at position m: x -> R_m x.
+
+    Interleaved: block diagonal with the 2x2 rotations [[cos m t_j, -sin m t_j],
+    [sin m t_j, cos m t_j]] on (2j, 2j+1). Half-split: the same rotations acting on
+    (j, j + d/2). A teaching and testing aid; :class:`RotaryEmbedding` never builds it.
+    """
+    if isinstance(position, bool) or not isinstance(position, int):
+        raise TypeError(f"position must be an int, got {position!r} ({type(position).__name__})")
+    freqs = rope_frequencies(d_head, theta, dtype=torch.float64)  # (d/2,)
+    c, s = torch.cos(position * freqs), torch.sin(position * freqs)  # (d/2,)
+    R = torch.zeros(d_head, d_head, dtype=torch.float64)
+    half = d_head // 2
+    j = torch.arange(half)
+    first, second = (2 * j, 2 * j + 1) if interleaved else (j, j + half)
+    R[first, first], R[first, second] = c, -s
+    R[second, first], R[second, second] = s, c
+    return R.to(dtype)
+
+
+def rope_permutation(d_head: int) -> Tensor:
+    """The permutation taking the half-split layout to the interleaved one: (d_head,) long.
+
+    ``perm = [0, d/2, 1, d/2 + 1, ..., d/2 - 1, d - 1]``. If ``x`` is in the half-split
+    layout (pairs (j, j + d/2)), then ``x[..., perm]`` is in the interleaved layout (pairs
+    (2j, 2j + 1)) and ``argsort(perm)`` undoes it::
+
+        apply_rotary(x[..., perm], cos, sin, interleaved=True)[..., argsort(perm)]
+            == apply_rotary(x, cos, sin, interleaved=False)
+
+    Applied per head to the rows of W_q and W_k it converts a checkpoint between the two
+    conventions; since it is orthogonal, q.k is unchanged.
+    """
+    d_head = _check_even("d_head", d_head)
+    half = d_head // 2
+    j = torch.arange(half)
+    return torch.stack((j, j + half), dim=-1).reshape(d_head)  # (d,)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (Su et al., 2021) with cached cos/sin tables.
+
+    ``forward(x, positions)`` rotates each pair j of each head vector at position m by the
+    angle m theta_j, with theta_j = theta^(-2j/d_head). Then for a query at position m and
+    a key at position n, (R_m q).(R_n k) = q.(R_{n-m} k): the score depends on the
+    positions only through the offset.
+
+    Layout: ``x`` is (B, H, T, d_head), queries or keys after the split into heads;
+    ``positions`` holds the explicit token positions, (T,) shared by the batch or (B, T),
+    integers in [0, max_seq_len). A position beyond the cache is an error naming it (the
+    cache is not grown silently; build the module with a larger ``max_seq_len``).
+
+    ``interleaved`` picks the pairing (see :func:`apply_rotary`). The tables are computed
+    in ``dtype``: in float32 with the same arithmetic as Hugging Face's
+    ``LlamaRotaryEmbedding`` (angle = position * inv_freq, rounded to float32), in
+    float64 to reference accuracy; an ``x`` of another dtype gets them cast to its dtype.
+    They are non-persistent buffers (not in the state dict).
+    """
+
+    def __init__(
+        self,
+        d_head: int,
+        theta: float = 10000.0,
+        max_seq_len: int = 2048,
+        interleaved: bool = False,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        self.d_head = _check_even("d_head", d_head)
+        self.theta = _check_base("theta", theta)
+        self.max_seq_len = _check_positive_int("max_seq_len", max_seq_len)
+        self.interleaved = bool(interleaved)
+        inv_freq = rope_frequencies(d_head, theta, dtype=dtype)  # (d/2,)
+        angles = torch.arange(max_seq_len, dtype=dtype)[:, None] * inv_freq  # (T_max, d/2)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("cos", angles.cos(), persistent=False)  # (T_max, d/2)
+        self.register_buffer("sin", angles.sin(), persistent=False)  # (T_max, d/2)
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Rotate ``x`` (B, H, T, d_head) at ``positions`` (T,) or (B, T): -> (B, H, T, d_head)."""
+        if not isinstance(x, Tensor) or x.ndim != 4 or x.shape[-1] != self.d_head:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x must have shape (B, H, T, d_head={self.d_head}), got {shape}")
+        if not x.is_floating_point():
+            raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
+        positions = _check_positions(positions, self.max_seq_len)
+        B, _, T, _ = x.shape
+        if positions.shape not in ((T,), (B, T)):
+            raise ValueError(
+                f"positions must have shape (T,) = ({T},) or (B, T) = ({B}, {T}) for x of "
+                f"shape {tuple(x.shape)}, got {tuple(positions.shape)}"
+            )
+        cos = self.cos[positions].to(x.dtype)  # (T, d/2) or (B, T, d/2)
+        sin = self.sin[positions].to(x.dtype)
+        if positions.ndim == 2:
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d/2): shared by the heads
+        return apply_rotary(x, cos, sin, interleaved=self.interleaved)  # (B, H, T, d_head)
+
+    def extra_repr(self) -> str:
+        return (f"d_head={self.d_head}, theta={self.theta}, max_seq_len={self.max_seq_len}, "
+                f"interleaved={self.interleaved}")
+
+
+# ---------------------------------------------------------------- ALiBi
+
+
+def alibi_slopes(n_heads: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The ALiBi head slopes m_1, ..., m_H of Press, Smith & Lewis (2022): (H,).
+
+    For H a power of two, the geometric sequence m_h = 2^(-8h/H): 1/2, 1/4, ..., 1/256 for
+    H = 8. Otherwise, with n = the largest power of two below H, the n slopes for n heads
+    followed by the first H - n of the odd-numbered slopes for 2n heads (m_1, m_3, ...),
+    the rule of the paper's reference code. Computed in float64, rounded to ``dtype``.
+    """
+    n_heads = _check_positive_int("n_heads", n_heads)
+
+    def power_of_two(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+
+    n = 2 ** int(math.floor(math.log2(n_heads)))
+    slopes = power_of_two(n) + power_of_two(2 * n)[0::2][: n_heads - n]
+    return torch.tensor(slopes, dtype=torch.float64).to(dtype)  # (H,)
+
+
+def alibi_bias(
+    n_heads: int, T_q: int, T_k: int | None = None, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """The ALiBi attention bias -m_h (i - j), added to the scores q_i.k_j / sqrt(d_k): (H, T_q, T_k).
+
+    Query i attends to key j at distance i - j >= 0 and pays m_h per step of distance.
+    The queries are the last T_q of the T_k positions (as when decoding with a KV cache),
+    so query row i sits at position i + T_k - T_q; ``T_k`` defaults to ``T_q``.
+    The bias is linear in j everywhere: entries with j > i (the future) are positive and
+    must be removed by the causal mask, as in the paper, which applies ALiBi only to
+    causal attention.
+    """
+    n_heads = _check_positive_int("n_heads", n_heads)
+    T_q = _check_positive_int("T_q", T_q)
+    T_k = T_q if T_k is None else _check_positive_int("T_k", T_k)
+    if T_k < T_q:
+        raise ValueError(f"T_k must be at least T_q (the queries are the last T_q keys), "
+                         f"got T_q={T_q}, T_k={T_k}")
+    slopes = alibi_slopes(n_heads, dtype=torch.float64)  # (H,)
+    i = torch.arange(T_k - T_q, T_k, dtype=torch.float64)  # (T_q,) query positions
+    j = torch.arange(T_k, dtype=torch.float64)  # (T_k,) key positions
+    offset = j[None, :] - i[:, None]  # (T_q, T_k): j - i, = -(distance) for j <= i
+    return (slopes[:, None, None] * offset).to(dtype)  # (H, T_q, T_k)

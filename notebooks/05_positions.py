@@ -1,0 +1,598 @@
+# %% [markdown]
+# # 5 Positions
+#
+# Chapter 4 built attention, $\operatorname{softmax}(QK^\top/\sqrt{d_k})\,V$. Every ingredient
+# of that formula treats the $T$ tokens of a sequence as a *set*: the scores compare contents,
+# never places. Word order, which carries much of the meaning of language, is invisible to it.
+# This chapter shows that fact in two lines of code and then studies the four standard ways of
+# giving a transformer a sense of position:
+#
+# 1. **sinusoidal** encodings, a fixed table added to the embeddings (Vaswani et al., 2017,
+#    "Attention Is All You Need");
+# 2. **learned** absolute positions, a trained table (GPT-2's `wpe`);
+# 3. **rotary** position embedding, RoPE, which rotates queries and keys so that their dot
+#    product depends only on the *distance* between two tokens (Su et al., 2021, "RoFormer:
+#    Enhanced Transformer with Rotary Position Embedding"), with its two incompatible memory
+#    layouts and the permutation between them;
+# 4. **ALiBi**, which adds no vectors at all but penalises attention scores in proportion to
+#    distance (Press, Smith & Lewis, 2022, "Train Short, Test Long: Attention with Linear
+#    Biases Enables Input Length Extrapolation").
+#
+# The central result is a SymPy proof that RoPE scores depend on positions $m$ and $n$ only
+# through $m - n$. The code is checked against Hugging Face's Llama rotary embedding, against
+# an independent complex-number implementation, and against BLOOM's ALiBi.
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import sympy as sp
+import torch
+import torch.nn.functional as F
+import transformers
+from IPython.display import display
+from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.positional import (
+    LearnedPositions,
+    RotaryEmbedding,
+    alibi_bias,
+    alibi_slopes,
+    apply_rotary,
+    rope_frequencies,
+    rope_matrix,
+    rope_permutation,
+    sinusoidal_positions,
+    sinusoidal_shift_matrix,
+)
+
+g = seed_everything(0)
+
+# %% [markdown]
+# ## 5.1 Attention cannot see order
+#
+# Let $X \in \mathbb{R}^{T \times d}$ hold one sequence, a row per token, and let $P$ be a
+# $T \times T$ permutation matrix, so $PX$ is the same tokens in another order. Then
+# $Q, K, V$ become $PQ, PK, PV$, the scores become $P\,QK^\top P^\top$, the row-wise softmax
+# commutes with permuting rows and columns alike, and $P^\top P = I$:
+#
+# $$ \operatorname{Attn}(PX) = \operatorname{softmax}\!\big(P\,QK^\top P^\top/\sqrt{d_k}\big)\,PV
+#    = P\,\operatorname{softmax}\!\big(QK^\top/\sqrt{d_k}\big)\,P^\top P V = P\,\operatorname{Attn}(X). $$
+#
+# Attention is *permutation equivariant*: shuffle the input and the output is shuffled the same
+# way, token by token unchanged. A plain unmasked attention shows it in float64:
+
+# %%
+def attention(X, Wq, Wk, Wv):
+    """softmax(Q K^T / sqrt(d_k)) V for one sequence X of shape (T, d); no mask."""
+    Q, K, V = X @ Wq, X @ Wk, X @ Wv  # (T, d_k) each
+    return torch.softmax(Q @ K.T / math.sqrt(Q.shape[-1]), dim=-1) @ V  # (T, d_k)
+
+
+T, d, d_k = 6, 8, 4
+X = torch.randn(T, d, generator=g, dtype=torch.float64)
+Wq, Wk, Wv = (torch.randn(d, d_k, generator=g, dtype=torch.float64) for _ in range(3))
+perm = torch.randperm(T, generator=g)
+PE = sinusoidal_positions(T, d, dtype=torch.float64)  # section 5.2
+print("permutation:", perm.tolist())
+
+# %% [markdown]
+# Adding a position vector to each *place* (not to each token) breaks the symmetry: after the
+# shuffle, token $t$ carries a different position vector, so its output changes.
+
+# %%
+checks = Checks("attention and order")
+checks.close("Attn(X[perm]) = Attn(X)[perm]", attention(X, Wq, Wk, Wv)[perm],
+             attention(X[perm], Wq, Wk, Wv), tol=1e-14)
+moved = (attention(X[perm] + PE, Wq, Wk, Wv) - attention(X + PE, Wq, Wk, Wv)[perm]).abs().max()
+checks.true("with positions added, it differs", bool(moved > 0.01), got=moved)
+checks
+
+# %% [markdown]
+# A causal mask (chapter 4) is itself an ordering, so a causal decoder without any position
+# scheme is not exactly equivariant and can still learn some positional information (Haviv et
+# al., 2022, "Transformer Language Models without Positional Encodings Still Learn Positional
+# Information"). Every model in this book nevertheless uses one of the explicit schemes below.
+#
+# ## 5.2 Sinusoidal positions
+#
+# Vaswani et al. (2017, section 3.5) add to the embedding of the token at position $p$ the
+# vector $\mathrm{PE}_p \in \mathbb{R}^d$ with
+#
+# $$ \mathrm{PE}_{p,\,2i} = \sin(p\,\omega_i), \qquad \mathrm{PE}_{p,\,2i+1} = \cos(p\,\omega_i),
+#    \qquad \omega_i = 10000^{-2i/d}, \quad i = 0, \dots, d/2 - 1. $$
+#
+# Each pair of coordinates is a clock hand turning at its own speed, with wavelengths from
+# $2\pi$ up to $2\pi \cdot 10000$ positions. The paper chose this form because, for a fixed
+# offset $k$, $\mathrm{PE}_{p+k}$ is a *linear* function of $\mathrm{PE}_p$. SymPy derives the
+# map from the angle-addition formulas, for one pair with symbolic $p$, $k$ and $\omega$:
+
+# %%
+p, k, w = sp.symbols("p k omega", real=True)
+S, C = sp.symbols("S C", real=True)  # stand-ins for sin(p omega) and cos(p omega)
+pair = sp.Matrix([sp.sin(p * w), sp.cos(p * w)])
+shifted = sp.Matrix([sp.sin(p * w + k * w), sp.cos(p * w + k * w)]).applyfunc(sp.expand_trig)
+linear = shifted.subs({sp.sin(p * w): S, sp.cos(p * w): C})
+M = linear.jacobian([S, C])  # the coefficients of sin(p omega) and cos(p omega)
+assert sp.expand(linear - M * sp.Matrix([S, C])) == sp.zeros(2, 1)  # linear in the pair
+assert p not in M.free_symbols  # and the map does not depend on the position p
+assert sp.simplify(M.T * M) == sp.eye(2) and sp.simplify(M.det()) == 1  # a rotation
+display(sp.Eq(pair.subs(p, p + k), sp.MatMul(M, pair, evaluate=False), evaluate=False))
+
+# %% [markdown]
+# So $\mathrm{PE}_{p+k} = M_k\, \mathrm{PE}_p$ with $M_k$ block diagonal, its $i$-th block the
+# rotation by $-k\omega_i$ shown above, the same for every $p$. A model can therefore learn to
+# attend "$k$ tokens back" with a linear map, at least in principle. The package builds the table
+# and $M_k$:
+
+# %%
+show_source(sinusoidal_positions)
+
+# %% [markdown]
+# The table against the formula evaluated by `sp.lambdify`, and the shift property for several
+# offsets (including a negative one) on a table of $T = 300$ positions and $d = 64$:
+
+# %%
+pos_s, i_s, d_s = sp.symbols("p i d", nonnegative=True)
+angle = pos_s / sp.Integer(10000) ** (2 * i_s / d_s)
+f_sin, f_cos = (sp.lambdify((pos_s, i_s, d_s), e, "numpy") for e in (sp.sin(angle), sp.cos(angle)))
+T_pe, d_pe = 300, 64
+pp, ii = np.meshgrid(np.arange(T_pe), np.arange(d_pe // 2), indexing="ij")  # (T, d/2) each
+ref = np.stack([f_sin(pp, ii, d_pe), f_cos(pp, ii, d_pe)], -1).reshape(T_pe, d_pe)  # sin, cos, ...
+pe = sinusoidal_positions(T_pe, d_pe, dtype=torch.float64)
+
+checks = Checks("sinusoidal positions")
+checks.close("table vs SymPy lambdify", ref, pe, tol=1e-13)
+for k_ in (1, 7, 50):
+    Mk = sinusoidal_shift_matrix(k_, d_pe)
+    checks.close(f"PE[p + {k_}] = M_{k_} PE[p]", pe[k_:], pe[:-k_] @ Mk.T, tol=1e-13)
+checks.close("PE[p - 5] = M_-5 PE[p]", pe[:-5], pe[5:] @ sinusoidal_shift_matrix(-5, d_pe).T, tol=1e-13)
+checks.close("M_k orthogonal", torch.eye(d_pe, dtype=torch.float64), Mk.T @ Mk, tol=1e-14)
+checks.close("float32 table vs float64", pe, sinusoidal_positions(T_pe, d_pe), tol=1e-7)
+checks
+
+# %% [markdown]
+# The table as an image: rows are positions, columns dimensions. The first columns oscillate
+# quickly (wavelength $2\pi \approx 6.3$ positions) and distinguish neighbours; the last ones
+# barely move over 300 positions and place a token coarsely in the sequence, like the hands of
+# a clock from seconds to hours.
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 3.6))
+im = ax.imshow(pe.numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
+ax.set_title(f"Sinusoidal position table (T = {T_pe}, d = {d_pe})")
+ax.set_xlabel("dimension (even: sin, odd: cos)")
+ax.set_ylabel("position p (tokens)")
+fig.colorbar(im, ax=ax, label="PE value")
+save_figure(fig, "05_positions_sinusoidal")
+plt.show()
+
+# %% [markdown]
+# ## 5.3 Learned positions
+#
+# GPT-2 (Radford et al., 2019) drops the formula and *learns* the table: a matrix
+# $P \in \mathbb{R}^{T_{\max} \times d}$ whose row $p$ is added to the token embedding at
+# position $p$, exactly like the token embedding of chapter 2 but indexed by position. It costs
+# $T_{\max} d$ parameters (786,432 for GPT-2 small) and has no row at all for positions
+# $p \ge T_{\max}$, so a learned table cannot be used beyond the context length it was trained
+# for. The package refuses such a position instead of indexing out of bounds:
+
+# %%
+show_source(LearnedPositions)
+
+# %% [markdown]
+# Checked against Hugging Face's GPT-2: a small randomly initialised `GPT2Model` (no download)
+# returns as its first hidden state the sum of its token and position embeddings, which our
+# table, loaded with the model's `wpe` weights, reproduces:
+
+# %%
+cfg = transformers.GPT2Config(vocab_size=50, n_positions=16, n_embd=12, n_layer=1, n_head=2,
+                              bos_token_id=0, eos_token_id=0)
+torch.manual_seed(0)
+gpt2 = transformers.GPT2Model(cfg).eval()
+wpe = LearnedPositions(cfg.n_positions, cfg.n_embd)
+wpe.load_state_dict(gpt2.wpe.state_dict())
+ids = torch.randint(0, 50, (3, 11), generator=g)  # B=3, T=11
+with torch.no_grad():
+    h0 = gpt2(ids, output_hidden_states=True).hidden_states[0]  # (B, T, d)
+    ours = gpt2.wte(ids) + wpe(torch.arange(11))  # (B, T, d)
+
+checks = Checks("learned positions against GPT-2")
+checks.close("wte(ids) + wpe(arange(T)) vs GPT-2", h0, ours, tol=1e-7)
+checks.close("wpe vs nn.Embedding", gpt2.wpe(torch.arange(16)), wpe(torch.arange(16)), tol=0)
+checks.equal("parameters = T_max d", sum(p.numel() for p in wpe.parameters()), 16 * 12)
+checks
+
+# %%
+try:
+    wpe(torch.arange(17))
+except ValueError as err:
+    print("ValueError:", err)
+
+# %% [markdown]
+# ## 5.4 Rotary position embedding (RoPE)
+#
+# Both schemes so far mark *absolute* positions and leave it to the network to work out
+# distances. Su et al. (2021) asked instead for position-dependent maps $f(q, m)$ and $f(k, n)$
+# of a query at position $m$ and a key at position $n$ such that the attention score depends on
+# the positions only through their offset:
+#
+# $$ f(q, m)^\top f(k, n) = g(q, k, m - n). $$
+#
+# In two dimensions a rotation does it. Let $R_\alpha$ be the rotation by angle $\alpha$ and
+# take $f(q, m) = R_{m\theta}\, q$. Rotations compose by adding angles and
+# $R_\alpha^\top = R_{-\alpha}$, so
+#
+# $$ (R_{m\theta} q)^\top (R_{n\theta} k) = q^\top R_{m\theta}^\top R_{n\theta}\, k
+#    = q^\top R_{(n-m)\theta}\, k. $$
+#
+# SymPy proves the matrix identity for symbolic $m$, $n$, $\theta$:
+
+# %%
+m, n, r, theta = sp.symbols("m n r theta", real=True)
+
+
+def rot(a):
+    """The 2x2 rotation matrix by angle a."""
+    return sp.Matrix([[sp.cos(a), -sp.sin(a)], [sp.sin(a), sp.cos(a)]])
+
+
+lhs = rot(m * theta).T * rot(n * theta)
+assert sp.simplify(lhs - rot((n - m) * theta)) == sp.zeros(2, 2)
+display(sp.Eq(sp.MatMul(rot(m * theta).T, rot(n * theta), evaluate=False), rot((n - m) * theta)))
+
+# %% [markdown]
+# and then the score itself, with $q$ and $k$ symbolic: substituting $n = m + r$ leaves an
+# expression whose derivative with respect to $m$ is zero. It depends on $r = n - m$ alone:
+
+# %%
+q = sp.Matrix(sp.symbols("q_0 q_1", real=True))
+kv = sp.Matrix(sp.symbols("k_0 k_1", real=True))
+score = ((rot(m * theta) * q).T * (rot(n * theta) * kv))[0, 0]
+relative = sp.simplify(sp.expand_trig(score.subs(n, m + r)))
+assert sp.simplify(sp.diff(relative, m)) == 0
+assert sp.simplify(relative - (q.T * rot(r * theta) * kv)[0, 0]) == 0
+display(sp.Eq(sp.Symbol(r"(R_{m\theta} q)^\top R_{n\theta} k"), sp.collect(relative, [sp.cos(r * theta)])))
+
+# %% [markdown]
+# For a head of width $d_k$ (even), RoPE splits the vector into $d_k/2$ pairs and rotates pair
+# $j$ by $m\theta_j$, with a frequency per pair like the sinusoidal table:
+#
+# $$ \theta_j = b^{-2j/d_k}, \quad j = 0, \dots, d_k/2 - 1, \qquad
+#    R_m = \operatorname{diag}\big(R_{m\theta_0}, \dots, R_{m\theta_{d_k/2-1}}\big), $$
+#
+# with base $b = 10000$ in the paper (`rope_theta` in Hugging Face configurations: 500000 for
+# Llama 3). A block-diagonal matrix of rotations is again orthogonal with
+# $R_m^\top R_n = R_{n-m}$, block by block. SymPy checks $d_k = 6$ with three symbolic
+# frequencies:
+
+# %%
+thetas = sp.symbols("theta_0:3", positive=True)
+
+
+def R6(pos):
+    """RoPE's block-diagonal rotation for d_k = 6 at position pos (interleaved pairs)."""
+    return sp.diag(*[rot(pos * t) for t in thetas])
+
+
+q6, k6 = sp.Matrix(sp.symbols("q_0:6", real=True)), sp.Matrix(sp.symbols("k_0:6", real=True))
+assert sp.simplify(R6(m).T * R6(n) - R6(n - m)) == sp.zeros(6, 6)
+score6 = ((R6(m) * q6).T * (R6(n) * k6))[0, 0].subs(n, m + r)
+assert sp.simplify(sp.diff(score6, m)) == 0
+print("d_k = 6: R_m^T R_n = R_(n-m) and d(score)/dm = 0 with n = m + r")
+
+# %% [markdown]
+# The same thing in complex numbers, which is how the paper and Meta's Llama code write it:
+# read pair $j$ of $q$ as $\tilde q_j = q_{2j} + i\, q_{2j+1}$. A rotation by $m\theta_j$ is
+# multiplication by $e^{i m \theta_j}$, and the real dot product of two pairs is
+# $\operatorname{Re}(\tilde q_j \overline{\tilde k_j})$, so
+#
+# $$ (R_m q)^\top (R_n k) = \operatorname{Re} \sum_j \tilde q_j\, \overline{\tilde k_j}\,
+#    e^{i (m - n) \theta_j}. $$
+#
+# The offset appears in a single factor. We use this form below as an independent
+# implementation to test against.
+#
+# ### The implementation
+#
+# No $d_k \times d_k$ matrix is ever built: pair $(a, b)$ becomes
+# $(a\cos - b\sin,\; a\sin + b\cos)$, an elementwise operation with the cosines and sines
+# looked up in a table computed once. The tables are indexed by **explicit positions**, a
+# $(T,)$ or $(B, T)$ integer tensor, because with a KV cache (chapter 13) or left padding the
+# positions of a block of queries do not start at 0 and may differ across the batch.
+
+# %%
+show_source(apply_rotary)
+
+# %%
+show_source(RotaryEmbedding)
+
+# %% [markdown]
+# ### Two layouts and the permutation between them
+#
+# *Which* coordinates form a pair is a convention, and two are in use:
+#
+# * **interleaved**: pairs $(x_0, x_1), (x_2, x_3), \dots$, as in the RoFormer paper, GPT-J and
+#   Meta's original Llama code (complex numbers over adjacent entries);
+# * **half-split**: pairs $(x_j, x_{j + d_k/2})$, as in Hugging Face's Llama and Qwen2, written
+#   there as $x \cos + \operatorname{rotate\_half}(x) \sin$.
+#
+# The two are different functions of $x$, so a checkpoint trained with one gives wrong outputs
+# under the other. They are related by a fixed permutation. Let $\pi = (0, \tfrac{d_k}{2}, 1,
+# \tfrac{d_k}{2} + 1, \dots)$ and $P$ the matrix with $(Px)_i = x_{\pi(i)}$; then $Px$ lists
+# the half-split pairs side by side and
+#
+# $$ R^{\text{interleaved}}_m = P\, R^{\text{half}}_m\, P^\top . $$
+#
+# SymPy for $d_k = 4$, with $c_j = \cos m\theta_j$ and $s_j = \sin m\theta_j$ left symbolic:
+
+# %%
+c0, s0, c1, s1 = sp.symbols("c_0 s_0 c_1 s_1", real=True)
+R_inter = sp.Matrix([[c0, -s0, 0, 0], [s0, c0, 0, 0], [0, 0, c1, -s1], [0, 0, s1, c1]])
+R_half = sp.Matrix([[c0, 0, -s0, 0], [0, c1, 0, -s1], [s0, 0, c0, 0], [0, s1, 0, c1]])
+pi = rope_permutation(4).tolist()
+P = sp.eye(4)[pi, :]  # (P x)_i = x_pi(i)
+assert P * R_half * P.T == R_inter
+print("pi =", pi)
+display(sp.Eq(sp.Symbol(r"R^{\mathrm{interleaved}}"), R_inter, evaluate=False),
+        sp.Eq(sp.Symbol(r"R^{\mathrm{half}}"), R_half, evaluate=False))
+
+# %%
+show_source(rope_permutation)
+
+# %% [markdown]
+# Converting a checkpoint applies $P$ to the rows of $W_q$ and $W_k$ within each head
+# (exercise 3): as $P$ is orthogonal, $(P a)^\top (P b) = a^\top b$ and the attention scores do
+# not change.
+#
+# ### Checks against Hugging Face Llama and a complex-number RoPE
+#
+# Hugging Face's `LlamaRotaryEmbedding` is built from a small `LlamaConfig` (no download) with
+# head width $d_k = 12$ and base $500000$. The test uses $B = 3$, $H = 2$, $T = 7$ and
+# positions that neither start at 0 nor run consecutively, different for each sequence:
+
+# %%
+B, H, T, dk, base = 3, 2, 7, 12, 500000.0
+llama_cfg = transformers.LlamaConfig(hidden_size=H * dk, num_attention_heads=H, head_dim=dk,
+                                     max_position_embeddings=512, rope_theta=base)
+hf_rope = LlamaRotaryEmbedding(llama_cfg)
+rope = RotaryEmbedding(dk, theta=base, max_seq_len=512)  # half-split, float32
+rope_il = RotaryEmbedding(dk, theta=base, max_seq_len=512, interleaved=True)
+qh = torch.randn(B, H, T, dk, generator=g)  # (B, H, T, d_k)
+kh = torch.randn(B, H, T, dk, generator=g)
+positions = torch.tensor([[3, 4, 9, 10, 11, 50, 200], [17, 18, 19, 20, 21, 22, 23],
+                          [511, 0, 1, 2, 100, 101, 7]])  # (B, T)
+cos, sin = hf_rope(qh, positions)
+q_hf, k_hf = apply_rotary_pos_emb(qh, kh, cos, sin)
+
+# %% [markdown]
+# The independent implementation of the interleaved layout multiplies complex pairs by
+# $e^{i m \theta_j}$ (`torch.polar`), in float64:
+
+# %%
+def rope_complex(x, positions, base):
+    """Interleaved RoPE via complex numbers: x (B, H, T, d) float64, positions (B, T)."""
+    d = x.shape[-1]
+    freqs = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
+    angles = positions[:, None, :, None].double() * freqs  # (B, 1, T, d/2)
+    z = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2).contiguous())  # (B, H, T, d/2)
+    return torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles)).reshape(x.shape)
+
+
+rope64 = RotaryEmbedding(dk, theta=base, max_seq_len=512, interleaved=True, dtype=torch.float64)
+x64 = qh.double()
+
+# %%
+perm, inv = rope_permutation(dk), torch.argsort(rope_permutation(dk))
+checks = Checks("RoPE")
+checks.close("inv_freq vs Llama (float32)", hf_rope.inv_freq, rope.inv_freq, tol=0)
+checks.close("half-split q vs Llama apply_rotary_pos_emb", q_hf, rope(qh, positions), tol=1e-6)
+checks.close("half-split k vs Llama apply_rotary_pos_emb", k_hf, rope(kh, positions), tol=1e-6)
+checks.close("non-contiguous input vs Llama", q_hf, rope(qh.transpose(1, 2).contiguous().transpose(1, 2), positions), tol=1e-6)
+checks.close("interleaved vs complex e^(i m theta) (float64)", rope_complex(x64, positions, base), rope64(x64, positions), tol=1e-12)
+checks.close("interleaved(x[perm])[inv] = half-split(x)", rope(qh, positions), rope_il(qh[..., perm], positions)[..., inv], tol=0)
+checks.close("R_m x via rope_matrix (m = 50)", rope_matrix(50, dk, base, interleaved=True) @ x64[0, 0, 0], rope64(x64[:1, :1, :1], torch.tensor([50]))[0, 0, 0], tol=1e-14)
+checks.true("the layouts differ without the permutation", bool((rope(qh, positions) - rope_il(qh, positions)).abs().max() > 0.1))
+checks
+
+# %% [markdown]
+# Now the property itself, numerically: shifting all positions by the same amount leaves every
+# score $q_i \cdot k_j$ unchanged, in both layouts; the scores of a shifted query alone do
+# change. In float64 the agreement is at round-off; in float32 it is limited by rounding the
+# angles $m\theta_j$ to float32, an error of up to about $m \cdot 6 \times 10^{-8}$ radians that
+# Hugging Face's tables share (the last check measures it over 2048 positions).
+
+# %%
+def rope_scores(module, q, k, pos):
+    """All scores q_i . k_j after RoPE at positions pos: (B, H, T, T)."""
+    return module(q, pos) @ module(k, pos).transpose(-1, -2)
+
+
+q64, k64 = qh.double()[:, :, 1:6], kh.double()[:, :, 1:6]  # (B, H, 5, d_k)
+q32, k32, pos5 = qh[:, :, 1:6], kh[:, :, 1:6], positions[:, 1:6]  # positions up to 101
+rope64_half = RotaryEmbedding(dk, theta=base, max_seq_len=512, dtype=torch.float64)
+r32, r64 = RotaryEmbedding(64, max_seq_len=2048), RotaryEmbedding(64, max_seq_len=2048, dtype=torch.float64)
+checks = Checks("RoPE scores depend only on offsets")
+for name, mod in [("half-split", rope64_half), ("interleaved", rope64)]:
+    checks.close(f"{name} float64: shift positions by 250", rope_scores(mod, q64, k64, pos5),
+                 rope_scores(mod, q64, k64, pos5 + 250), tol=1e-12)
+checks.close("half-split float32: shift by 250", rope_scores(rope, q32, k32, pos5),
+             rope_scores(rope, q32, k32, pos5 + 250), tol=1e-4)
+moved = (rope64(q64, pos5 + 1) @ rope64(k64, pos5).transpose(-1, -2)
+         - rope_scores(rope64, q64, k64, pos5)).abs().max()
+checks.true("shifting only the queries changes scores", bool(moved > 0.1), got=moved)
+checks.close("float32 vs float64 cos table, m < 2048", r64.cos, r32.cos, tol=2048 * 2**-23)
+checks
+
+# %% [markdown]
+# ### Long-term decay
+#
+# For $q = k$ the score at offset $r = m - n$ is $\sum_j \lVert q_{(j)} \rVert^2 \cos(r\theta_j)$,
+# with $q_{(j)}$ the $j$-th pair. For a random isotropic $q$ every pair has
+# $\mathbb{E}\lVert q_{(j)}\rVert^2 = 2$, so the expected score, relative to $r = 0$, is
+#
+# $$ \rho(r) = \frac{\mathbb{E}[(R_m q)^\top (R_n q)]}{\mathbb{E}[q^\top q]}
+#    = \frac{2}{d_k} \sum_{j=0}^{d_k/2-1} \cos(r \theta_j). $$
+#
+# A token's attention to an identical token therefore fades, with oscillations, as the distance
+# grows: the "long-term decay" that Su et al. (2021, section 3.4.3) bound with an Abel
+# summation (exercise 4). First the formula against 4000 random vectors with $d_k = 128$:
+
+# %%
+d_big, n_vec = 128, 4000
+rope_big = RotaryEmbedding(d_big, max_seq_len=4096, dtype=torch.float64)
+qv = torch.randn(1, 1, n_vec, d_big, generator=g, dtype=torch.float64)  # n_vec vectors as "T"
+checks = Checks("expected self-score under RoPE, d_k = 128")
+for r_ in (0, 3, 30, 300, 3000):
+    ratio = (rope_big(qv, torch.full((n_vec,), r_)) * qv).sum(-1) / d_big  # (1, 1, n_vec)
+    rho = torch.cos(r_ * rope_frequencies(d_big)).mean()
+    sem = ratio.std() / math.sqrt(n_vec)
+    checks.close(f"rho({r_}) within 4 standard errors", rho, ratio.mean(), tol=4 * sem.item())
+checks
+
+# %% [markdown]
+# The curve for the paper's base $b = 10^4$ and for Llama 3's $b = 5 \times 10^5$: a larger
+# base slows every pair's rotation, so the decay sets in at longer distances, one reason
+# long-context models raise it.
+
+# %%
+dist = torch.arange(0, 8193, dtype=torch.float64)
+fig, ax = plt.subplots(figsize=(7, 3.6))
+for b_ in (1e4, 5e5):
+    rho = torch.cos(dist[:, None] * rope_frequencies(d_big, b_)).mean(dim=1)  # (distances,)
+    ax.plot(dist[1:], rho[1:], lw=1, label=f"base b = {b_:g}")
+ax.set_xscale("log")
+ax.axhline(0, color="grey", lw=0.5)
+ax.set_title(f"RoPE: expected score of a vector with itself at distance r (d_k = {d_big})")
+ax.set_xlabel("distance r = m - n (tokens, log scale)")
+ax.set_ylabel(r"$\rho(r)$, relative to r = 0")
+ax.legend()
+save_figure(fig, "05_positions_rope_decay")
+plt.show()
+
+# %% [markdown]
+# ## 5.5 ALiBi: a linear bias instead of a position vector
+#
+# Press, Smith & Lewis (2022) add nothing to the embeddings, queries or keys. Instead, head $h$
+# subtracts from each causal score a penalty proportional to the distance:
+#
+# $$ \mathrm{score}_{h,ij} = \frac{q_i \cdot k_j}{\sqrt{d_k}} - m_h\,(i - j), \qquad j \le i. $$
+#
+# The slopes $m_h$ are fixed, not learned: for $H$ heads (a power of two) the geometric sequence
+# $m_h = 2^{-8h/H}$, $h = 1, \dots, H$, which is $\tfrac12, \tfrac14, \dots, \tfrac1{256}$ for
+# $H = 8$. For other $H$, the paper's code takes the slopes for the nearest smaller power of two
+# $n$, then fills the remaining $H - n$ heads with every other slope of the $2n$-head sequence.
+# Steep heads look only at the last few tokens; shallow ones see far back.
+
+# %%
+show_source(alibi_slopes)
+
+# %%
+show_source(alibi_bias)
+
+# %% [markdown]
+# The bias is linear in $j$ over the whole row, so the entries above the diagonal are positive
+# and must be removed by the causal mask. BLOOM (BigScience, 2022, "BLOOM: A 176B-Parameter
+# Open-Access Multilingual Language Model"), which uses ALiBi, adds $m_h\, j$ instead of
+# $-m_h (i - j)$: the two differ by $m_h\, i$, a constant along each row, and softmax ignores
+# constants added to a row (chapter 3). So the attention probabilities agree:
+
+# %%
+H12, T12 = 12, 9
+scores = torch.randn(H12, T12, T12, generator=g, dtype=torch.float64)
+causal = torch.ones(T12, T12, dtype=torch.bool).tril()
+bloom = build_alibi_tensor(torch.ones(1, T12, dtype=torch.long), H12, torch.float64)  # (H, 1, T)
+ours = alibi_bias(H12, T12, dtype=torch.float64)  # (H, T, T)
+p_ours = F.softmax((scores + ours).masked_fill(~causal, float("-inf")), dim=-1)
+p_bloom = F.softmax((scores + bloom).masked_fill(~causal, float("-inf")), dim=-1)
+expected_12 = [2.0**-h for h in range(1, 9)] + [2.0 ** (-h / 2) for h in (1, 3, 5, 7)]
+
+# %%
+checks = Checks("ALiBi")
+checks.equal("slopes, 8 heads = 1/2, ..., 1/256", [2.0**-h for h in range(1, 9)],
+             alibi_slopes(8, dtype=torch.float64).tolist())
+checks.close("slopes, 12 heads: 8-head rule + odd 16-head slopes", expected_12, alibi_slopes(12, torch.float64), tol=1e-16)
+checks.close("slopes, 12 heads vs BLOOM (float32)", bloom[:, 0, 1], alibi_slopes(12, torch.float64), tol=1e-7)
+checks.close("softmax with our bias = with BLOOM's bias", p_bloom, p_ours, tol=1e-6)
+checks.true("biases themselves differ (by m_h i)", bool((ours - bloom).abs().max() > 1))
+checks.close("bias(H, 4, 9) = last 4 rows of bias(H, 9, 9)", alibi_bias(H12, 9)[:, 5:], alibi_bias(H12, 4, 9), tol=0)
+checks.true("bias <= 0 on and below the diagonal", bool((ours[:, causal] <= 0).all()))
+checks
+
+# %% [markdown]
+# The biases of 8 heads over 16 positions, the future masked out. On the left the steepest head
+# ($m_1 = 1/2$) as a matrix; on the right the penalty against distance for every head, straight
+# lines whose slopes halve from head to head.
+
+# %%
+H8, T16 = 8, 16
+bias8 = alibi_bias(H8, T16).masked_fill(~torch.ones(T16, T16, dtype=torch.bool).tril(), float("nan"))
+fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(10, 3.8))
+im = ax0.imshow(bias8[0].numpy(), cmap="viridis", interpolation="nearest")
+ax0.set_title("ALiBi bias, head 1 of 8 (slope 1/2)")
+ax0.set_xlabel("key position j")
+ax0.set_ylabel("query position i")
+fig.colorbar(im, ax=ax0, label="bias (added to the score)")
+for h_ in range(H8):
+    ax1.plot(range(T16), bias8[h_, -1].flip(0).numpy(), marker=".", label=f"head {h_ + 1}")
+ax1.set_title("ALiBi penalty against distance (8 heads)")
+ax1.set_xticks(range(0, T16, 3))
+ax1.set_xlabel("distance i - j (tokens)")
+ax1.set_ylabel("bias -m_h (i - j)")
+ax1.legend(fontsize=7, ncol=2)
+save_figure(fig, "05_positions_alibi")
+plt.show()
+
+# %% [markdown]
+# ## 5.6 The schemes side by side
+#
+# | scheme | what is added | where | parameters | relative? | beyond the training length | used by |
+# |---|---|---|---|---|---|---|
+# | sinusoidal | $\mathrm{PE}_p$, fixed | to the token embeddings, once | 0 | through a linear map $M_k$ | defined, but extrapolates poorly | original transformer |
+# | learned | row $p$ of a trained $T_{\max} \times d$ table | to the token embeddings, once | $T_{\max} d$ | no | undefined | GPT-2, BERT |
+# | RoPE | rotation $R_m$ | to $q$ and $k$, in every layer | 0 | exactly: score depends on $m - n$ | defined; degrades without rescaling the positions or the base | GPT-J, Llama, Qwen2 |
+# | ALiBi | bias $-m_h (i - j)$ | to the attention scores, in every layer | 0 | exactly | extrapolates well in the paper's tests | BLOOM, MPT |
+#
+# The extrapolation column summarises Press et al. (2022), who trained models on short
+# sequences and evaluated them on longer ones: the sinusoidal model's perplexity grows within
+# a few dozen extra tokens, rotary does somewhat better, ALiBi stays flat. Rotary models are
+# stretched to longer contexts by rescaling positions (Chen et al., 2023, "Extending Context
+# Window of Large Language Models via Positional Interpolation") or frequencies (Peng et al.,
+# 2023, "YaRN: Efficient Context Window Extension of Large Language Models").
+#
+# ## Summary
+#
+# * Attention without positions is permutation equivariant: $\operatorname{Attn}(PX) = P\operatorname{Attn}(X)$.
+# * Sinusoidal: $\mathrm{PE}_{p+k} = M_k \mathrm{PE}_p$ with $M_k$ a block rotation independent of $p$.
+# * Learned: a $T_{\max} \times d$ table, exact equality with GPT-2's `wpe`; no positions beyond $T_{\max}$.
+# * RoPE: $(R_m q)^\top (R_n k) = q^\top R_{n-m} k$, proven in SymPy; two layouts related by
+#   $R^{\text{interleaved}} = P R^{\text{half}} P^\top$; equal to Hugging Face's Llama in float32.
+# * ALiBi: slopes $2^{-8h/H}$; BLOOM's bias differs by a row constant that softmax ignores.
+#
+# ## Exercises
+#
+# Reference solutions are in `notebooks/solutions/05_positions.py` and are checked by
+# `tests/test_solutions_05.py`.
+#
+# 1. (★) **Sinusoidal dot products.** Show that $\mathrm{PE}_m \cdot \mathrm{PE}_n =
+#    \sum_i \cos\big((m - n)\,\omega_i\big)$, so this dot product depends only on the offset.
+#    Write `sinusoidal_dot(offset, d_model, base)` and check it against the table for all pairs
+#    of $T = 50$ positions.
+# 2. (★★) **The shift matrix from data.** Recover $M_k$ from the table alone by least squares,
+#    solving $\mathrm{PE}_{0:T-k}\, M_k^\top = \mathrm{PE}_{k:T}$ (`shift_matrix_lstsq`), and
+#    compare with `sinusoidal_shift_matrix`. With base 100, $d = 8$, $T = 64$ it is exact to
+#    round-off; with base 10000, $d = 16$, $T = 256$ it is not. Explain with the condition number
+#    of $\mathrm{PE}_{0:T-k}$.
+# 3. (★★) **Converting a checkpoint.** Write `interleaved_to_half_split(W, n_heads)`, which
+#    reorders the rows of a query or key projection $W$ of shape $(H d_k, d)$ within each head so
+#    that half-split RoPE on $xW'^\top$ gives the same attention scores as interleaved RoPE on
+#    $xW^\top$. Which permutation of a head's rows is it, $\pi$ or $\pi^{-1}$?
+# 4. (★★★) **RoFormer's decay bound.** With $h_j = \tilde q_j \overline{\tilde k_j}$ and
+#    $S_j = \sum_{l < j} e^{i r \theta_l}$, Abel summation gives
+#    $\big|\sum_j h_j e^{i r\theta_j}\big| \le \max_j |h_{j+1} - h_j| \sum_{j=1}^{d_k/2} |S_j|$
+#    (with $h_{d_k/2} = 0$). Write `roformer_decay_bound(distances, d_head, base)` returning
+#    $\frac{2}{d_k}\sum_{j=1}^{d_k/2} |S_j|$, plot it up to distance 1000 for $d_k = 128$, and
+#    check the inequality on random $q$, $k$.
