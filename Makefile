@@ -42,7 +42,7 @@ unit: setup
 	$(PY) -m pytest tests -q -n 2
 
 nbval: setup
-	$(PY) -m pytest -q --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg \
+	$(PY) -m pytest -q -n 2 --dist loadfile --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg \
 		--nbval-current-env notebooks/[0-9][0-9]_*.ipynb
 
 ## sync: pair every notebooks/*.py with its .ipynb and re-execute it in place (the committed outputs)
