@@ -1,0 +1,323 @@
+"""Scaled dot-product attention, causal masks and multi-head (grouped-query) attention.
+
+Introduced in notebooks/04_attention. Attention (Vaswani et al., 2017, "Attention Is All
+You Need", eq. 1) mixes the value vectors of T_k positions with weights computed from
+queries and keys:
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V,
+
+Q (T_q, d_k), K (T_k, d_k), V (T_k, d_v) -> (T_q, d_v). The 1/sqrt(d_k) keeps the scores at
+unit variance whatever d_k (Var(q.k) = d_k for independent unit-variance components), so the
+softmax does not saturate. Multi-head attention runs H such attentions side by side on
+d_model / H wide slices; grouped-query attention (Ainslie et al., 2023, "GQA: Training
+Generalized Multi-Query Transformer Models from Multi-Head Checkpoints") lets groups of
+query heads share one key/value head, and multi-query attention (Shazeer, 2019, "Fast
+Transformer Decoding: One Write-Head is All You Need") is the case of a single shared head.
+
+Conventions (the same as ``torch.nn.functional.scaled_dot_product_attention``):
+
+* a boolean mask is True where a query *may* attend to a key; a float mask is added to
+  the scores (-inf removes a key);
+* ``is_causal=True`` masks with a top-left aligned lower triangle: query i sees keys
+  j <= i, also when T_q != T_k. For queries that are the *last* T_q of T_k positions (a
+  KV cache), build the bottom-right aligned mask with ``causal_mask(T_q, T_k,
+  offset=T_k - T_q)``;
+* a query row whose keys are all masked gets zero weights and a zero output, never NaN.
+
+Contents:
+
+* :func:`causal_mask` - the boolean lower-triangular mask, with an offset;
+* :func:`attention_weights` - A = softmax(Q K^T * scale + mask), rows summing to 1;
+* :func:`scaled_dot_product_attention` - A V;
+* :class:`MultiHeadAttention` - projections, heads, GQA, an optional rotary embedding;
+* :func:`attention_flops` - the closed-form multiply-add count of one attention layer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "MultiHeadAttention",
+    "attention_flops",
+    "attention_weights",
+    "causal_mask",
+    "scaled_dot_product_attention",
+]
+
+
+def _check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {name}={value}")
+    return value
+
+
+def causal_mask(T_q: int, T_k: int | None = None, offset: int = 0,
+                device: torch.device | str | None = None) -> Tensor:
+    """The causal mask: (T_q, T_k) booleans, True where query i may attend to key j.
+
+    Query i may attend to key j when j <= i + offset. With ``offset=0`` this is the
+    top-left aligned lower triangle ``torch.ones(T_q, T_k).tril()`` that PyTorch uses for
+    ``is_causal=True``. With ``offset = T_k - T_q`` it is bottom-right aligned: the queries
+    are the last T_q of the T_k positions, as when new tokens attend to a KV cache.
+    ``T_k`` defaults to ``T_q``.
+    """
+    T_q = _check_positive_int("T_q", T_q)
+    T_k = T_q if T_k is None else _check_positive_int("T_k", T_k)
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(f"offset must be an int, got {offset!r}")
+    i = torch.arange(T_q, device=device)[:, None]  # (T_q, 1) query positions
+    j = torch.arange(T_k, device=device)[None, :]  # (1, T_k) key positions
+    return j <= i + offset  # (T_q, T_k)
+
+
+def _check_qkv(q: object, k: object, v: object) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+        if t.ndim < 2:
+            raise ValueError(f"{name} must have shape (..., T, d), got {tuple(t.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same last dimension d_k, got q {tuple(q.shape)} "
+                         f"and k {tuple(k.shape)}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same number of positions T_k, got k "
+                         f"{tuple(k.shape)} and v {tuple(v.shape)}")
+    if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+        raise ValueError(f"q, k and v must have equal leading dimensions, got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)} and v {tuple(v.shape)}")
+
+
+def _check_mask(mask: object, scores_shape: tuple[int, ...]) -> None:
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(f"mask must be boolean (True = may attend) or floating point (added to "
+                        f"the scores), got {mask.dtype}")
+    try:
+        broadcast = torch.broadcast_shapes(mask.shape, scores_shape)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != torch.Size(scores_shape):
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' "
+                         f"shape (..., T_q, T_k) = {scores_shape}")
+
+
+def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None, is_causal: bool = False,
+                      scale: float | None = None) -> Tensor:
+    """The attention matrix A = softmax(q k^T * scale + mask): (..., T_q, T_k).
+
+    ``q`` (..., T_q, d_k) and ``k`` (..., T_k, d_k) with equal leading dimensions; ``scale``
+    defaults to 1/sqrt(d_k). ``mask`` broadcasts to (..., T_q, T_k): boolean, True where a
+    query may attend, or floating point, added to the scores. ``is_causal`` applies
+    :func:`causal_mask` (top-left aligned) and excludes ``mask``. Each row sums to 1, except
+    a row with every key masked, which is all zeros (not NaN).
+    """
+    _check_qkv(q, k, k)
+    if mask is not None and is_causal:
+        raise ValueError("give either mask or is_causal=True, not both (combine them into one "
+                         "mask, e.g. mask & causal_mask(T_q, T_k))")
+    T_q, T_k = q.shape[-2], k.shape[-2]
+    scores_shape = (*q.shape[:-2], T_q, T_k)
+    if mask is not None:
+        _check_mask(mask, scores_shape)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+
+    scores = (q @ k.transpose(-2, -1)) * scale  # (..., T_q, T_k)
+    if is_causal:
+        mask = causal_mask(T_q, T_k, device=q.device)
+    if mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    elif mask is not None:
+        scores = scores + mask.to(scores.dtype)
+    if mask is None:
+        return torch.softmax(scores, dim=-1)
+    # A row with every key masked has no softmax; give it zero weights. Its scores are set
+    # to 0 first so that neither the forward nor the backward pass ever meets exp(-inf)/0.
+    dead = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., T_q, 1)
+    weights = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1)
+    return weights.masked_fill(dead, 0.0)  # (..., T_q, T_k)
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                                 is_causal: bool = False, scale: float | None = None) -> Tensor:
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + mask) V (Vaswani et al., 2017, eq. 1).
+
+    Shapes: ``q`` (..., T_q, d_k), ``k`` (..., T_k, d_k), ``v`` (..., T_k, d_v) with the same
+    leading dimensions (no silent broadcasting between them) -> (..., T_q, d_v).
+    ``mask``, ``is_causal`` and ``scale`` as in :func:`attention_weights`, which follow
+    ``torch.nn.functional.scaled_dot_product_attention``: a boolean mask is True where a query
+    may attend; ``is_causal`` is top-left aligned when T_q != T_k; a query with every key
+    masked outputs zeros. Raises ``ValueError`` naming the shapes when they do not fit.
+    """
+    _check_qkv(q, k, v)
+    weights = attention_weights(q, k, mask=mask, is_causal=is_causal, scale=scale)
+    return weights @ v  # (..., T_q, d_v)
+
+
+Rope = Callable[[Tensor, Tensor], Tensor]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with grouped-query attention and an optional rotary embedding.
+
+    Vaswani et al. (2017), section 3.2.2: with H heads of width d_head, head h attends with
+    Q_h = X W_Q^h, K_h = X W_K^h, V_h = X W_V^h, and the heads' outputs, concatenated, are
+    projected back by W_O. Grouped-query attention (Ainslie et al., 2023) has only H_kv key
+    and value heads; query head h uses KV head h // (H / H_kv), as in Hugging Face's
+    ``repeat_kv``. H_kv = 1 is multi-query attention (Shazeer, 2019).
+
+    Parameters are four ``nn.Linear`` layers named as in Llama and Qwen2, so their state
+    dicts map one to one: ``q_proj`` (d_model -> H d_head), ``k_proj`` and ``v_proj``
+    (d_model -> H_kv d_head), ``o_proj`` (H d_head -> d_model). ``bias`` sets all biases;
+    ``qkv_bias`` and ``out_bias`` override it for the input and output projections
+    (Qwen2: ``qkv_bias=True, out_bias=False``; GPT-2: ``bias=True`` with its fused c_attn
+    split into the three input projections). ``d_head`` defaults to d_model / H; ``scale``
+    to 1/sqrt(d_head).
+
+    ``fused=True`` computes the attention step with PyTorch's fused
+    ``torch.nn.functional.scaled_dot_product_attention`` instead of the book's
+    :func:`scaled_dot_product_attention`; the two agree to round-off (tested), the fused
+    kernel is faster and uses less memory.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None,
+                 d_head: int | None = None, bias: bool = False, qkv_bias: bool | None = None,
+                 out_bias: bool | None = None, scale: float | None = None, fused: bool = False,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.d_model = _check_positive_int("d_model", d_model)
+        self.n_heads = _check_positive_int("n_heads", n_heads)
+        self.n_kv_heads = n_heads if n_kv_heads is None else _check_positive_int("n_kv_heads",
+                                                                                 n_kv_heads)
+        if d_head is None:
+            if d_model % n_heads != 0:
+                raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}; "
+                                 f"give d_head explicitly")
+            d_head = d_model // n_heads
+        self.d_head = _check_positive_int("d_head", d_head)
+        if self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
+        self.scale = 1.0 / math.sqrt(self.d_head) if scale is None else float(scale)
+        self.fused = bool(fused)
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        out_bias = bias if out_bias is None else out_bias
+        kw = {"device": device, "dtype": dtype}
+        self.q_proj = nn.Linear(d_model, self.n_heads * self.d_head, bias=qkv_bias, **kw)
+        self.k_proj = nn.Linear(d_model, self.n_kv_heads * self.d_head, bias=qkv_bias, **kw)
+        self.v_proj = nn.Linear(d_model, self.n_kv_heads * self.d_head, bias=qkv_bias, **kw)
+        self.o_proj = nn.Linear(self.n_heads * self.d_head, d_model, bias=out_bias, **kw)
+
+    def split_heads(self, x: Tensor, n: int) -> Tensor:
+        """(B, T, n d_head) -> (B, n, T, d_head): a view and a transpose, no copy."""
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.d_head).transpose(1, 2)  # (B, n, T, d_head)
+
+    def project_qkv(self, x: Tensor, positions: Tensor | None = None,
+                    rope: Rope | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries (B, H, T, d_head) and keys, values (B, H_kv, T, d_head) for x (B, T, d_model).
+
+        ``rope(t, positions)`` (chapter 5's ``RotaryEmbedding`` has this signature), if
+        given, rotates the queries and keys; ``positions`` (T,) or (B, T) defaults to
+        0, 1, ..., T-1.
+        """
+        if not isinstance(x, Tensor) or x.ndim != 3 or x.shape[-1] != self.d_model:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x must have shape (B, T, d_model={self.d_model}), got {shape}")
+        q = self.split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, d_head)
+        k = self.split_heads(self.k_proj(x), self.n_kv_heads)  # (B, H_kv, T, d_head)
+        v = self.split_heads(self.v_proj(x), self.n_kv_heads)  # (B, H_kv, T, d_head)
+        if rope is not None:
+            if positions is None:
+                positions = torch.arange(x.shape[1], device=x.device)  # (T,)
+            q, k = rope(q, positions), rope(k, positions)
+        return q, k, v
+
+    def forward(self, x: Tensor, positions: Tensor | None = None, rope: Rope | None = None,
+                mask: Tensor | None = None, is_causal: bool = True,
+                attn_bias: Tensor | None = None) -> Tensor:
+        """Self-attention of x (B, T, d_model) -> (B, T, d_model).
+
+        ``is_causal`` (default True, a decoder) lets position i see positions j <= i.
+        ``mask`` (boolean, True = may attend, broadcasting to (B, H, T, T)), e.g. a padding
+        mask, is combined with the causal mask by logical and. ``attn_bias`` (float,
+        broadcasting to (B, H, T, T)) is added to the scaled scores, e.g. ALiBi's -m_h (i - j).
+        ``positions`` and ``rope`` as in :meth:`project_qkv`.
+        """
+        q, k, v = self.project_qkv(x, positions, rope)
+        B, _, T, _ = q.shape
+        if mask is not None:
+            if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+                raise TypeError(f"mask must be a boolean tensor (True = may attend), got "
+                                f"{getattr(mask, 'dtype', type(mask).__name__)}; pass an "
+                                f"additive float mask as attn_bias")
+            _check_mask(mask, (B, self.n_heads, T, T))
+        if attn_bias is not None:
+            if not isinstance(attn_bias, Tensor) or not attn_bias.is_floating_point():
+                raise TypeError(f"attn_bias must be a floating-point tensor added to the scores, "
+                                f"got {getattr(attn_bias, 'dtype', type(attn_bias).__name__)}")
+            _check_mask(attn_bias, (B, self.n_heads, T, T))
+        if is_causal:
+            causal = causal_mask(T, T, device=x.device)  # (T, T)
+            mask = causal if mask is None else mask & causal
+        if attn_bias is not None:  # fold the boolean mask into the bias: -inf where masked
+            bias = attn_bias.to(q.dtype)
+            mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+        groups = self.n_heads // self.n_kv_heads
+        if self.fused:
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
+                                               enable_gqa=groups > 1)  # (B, H, T, d_head)
+        else:
+            k = k.repeat_interleave(groups, dim=1)  # (B, H, T, d_head): head h uses h // groups
+            v = v.repeat_interleave(groups, dim=1)
+            z = scaled_dot_product_attention(q, k, v, mask=mask, scale=self.scale)
+        z = z.transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # (B, T, H d_head)
+        return self.o_proj(z)  # (B, T, d_model)
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
+                f"d_head={self.d_head}, fused={self.fused}")
+
+
+def attention_flops(T: int, d_model: int, n_heads: int = 1, n_kv_heads: int | None = None,
+                    d_head: int | None = None, T_k: int | None = None) -> dict[str, int]:
+    """Floating-point operations of one attention layer on T query positions (batch 1).
+
+    A matrix product (m, n) @ (n, p) costs 2 m n p (a multiply and an add per term). With
+    D = H d_head and D_kv = H_kv d_head:
+
+    * ``projections``: queries and output 2 T d D each, keys and values 2 T d D_kv each;
+      for H_kv = H and D = d this is 8 T d^2;
+    * ``scores`` Q K^T: 2 T T_k D;  ``mix`` A V: 2 T T_k D (together 4 T^2 d for T_k = T).
+
+    The softmax, scaling and masking (O(T T_k H) operations) are not counted, nor is the
+    saving of a causal mask (the fused kernels skip masked blocks, the matrix products do
+    not). ``T_k`` defaults to T. Returns the three parts and their ``total``.
+    """
+    T = _check_positive_int("T", T)
+    d_model = _check_positive_int("d_model", d_model)
+    n_heads = _check_positive_int("n_heads", n_heads)
+    n_kv_heads = n_heads if n_kv_heads is None else _check_positive_int("n_kv_heads", n_kv_heads)
+    if d_head is None:
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        d_head = d_model // n_heads
+    T_k = T if T_k is None else _check_positive_int("T_k", T_k)
+    D, D_kv = n_heads * d_head, n_kv_heads * d_head
+    parts = {
+        "projections": 2 * T * d_model * (2 * D + 2 * D_kv),
+        "scores": 2 * T * T_k * D,
+        "mix": 2 * T * T_k * D,
+    }
+    parts["total"] = sum(parts.values())
+    return parts

@@ -1,0 +1,423 @@
+"""Tests for llmbook.attention: against PyTorch, Hugging Face, autograd and worked examples."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmbook.attention import (
+    MultiHeadAttention,
+    attention_flops,
+    attention_weights,
+    causal_mask,
+    scaled_dot_product_attention,
+)
+
+
+def randn(*shape, g, dtype=torch.float32):
+    return torch.randn(*shape, generator=g, dtype=dtype)
+
+
+# ---------------------------------------------------------------- causal_mask
+
+
+def test_causal_mask_worked_examples():
+    assert causal_mask(3).int().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    # top-left aligned for T_q != T_k, as torch's is_causal
+    assert causal_mask(2, 4).int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0]]
+    assert torch.equal(causal_mask(4, 2), torch.ones(4, 2, dtype=torch.bool).tril())
+    # bottom-right aligned: the 2 queries are the last 2 of 4 positions
+    assert causal_mask(2, 4, offset=2).int().tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    assert causal_mask(3, 3, offset=-1).int().tolist() == [[0, 0, 0], [1, 0, 0], [1, 1, 0]]
+
+
+def test_causal_mask_bad_inputs():
+    with pytest.raises(ValueError, match="T_q must be positive, got T_q=0"):
+        causal_mask(0)
+    with pytest.raises(ValueError, match="T_k must be positive, got T_k=-2"):
+        causal_mask(3, -2)
+    with pytest.raises(TypeError, match="offset must be an int"):
+        causal_mask(3, 3, offset=1.5)
+
+
+# ---------------------------------------------------------------- scaled_dot_product_attention
+
+
+def test_worked_example_exact_numbers():
+    # two queries, three keys, d_k = 1, scale 1: the scores are the products q_i k_j
+    q = torch.tensor([[0.0], [1.0]], dtype=torch.float64)
+    k = torch.tensor([[0.0], [1.0], [2.0]], dtype=torch.float64)
+    v = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=torch.float64)
+    A = attention_weights(q, k)
+    e = torch.tensor([1.0, math.e, math.e**2], dtype=torch.float64)
+    assert torch.allclose(A[0], torch.full((3,), 1 / 3, dtype=torch.float64), atol=1e-15)
+    assert torch.allclose(A[1], e / e.sum(), atol=1e-15)
+    z = scaled_dot_product_attention(q, k, v)
+    expected = torch.tensor([(1 + math.e**2) / e.sum(), (math.e + math.e**2) / e.sum()])
+    assert torch.allclose(z[1], expected.double(), atol=1e-15)
+    # is_causal: the first query sees only the first key
+    assert torch.equal(scaled_dot_product_attention(q, k, v, is_causal=True)[0], v[0])
+
+
+SHAPES = [  # (leading dims, T_q, T_k, d_k, d_v): never square
+    ((), 3, 5, 4, 6),
+    ((2,), 5, 3, 8, 2),
+    ((2, 3), 4, 7, 5, 3),
+    ((2, 1, 3), 6, 6, 4, 7),
+]
+
+
+@pytest.mark.parametrize("lead, T_q, T_k, d_k, d_v", SHAPES)
+def test_equals_torch_sdpa(lead, T_q, T_k, d_k, d_v):
+    g = torch.Generator().manual_seed(T_q * 10 + T_k)
+    q, k, v = randn(*lead, T_q, d_k, g=g), randn(*lead, T_k, d_k, g=g), randn(*lead, T_k, d_v, g=g)
+    ref = F.scaled_dot_product_attention
+
+    def close(ours, theirs):
+        assert ours.shape == (*lead, T_q, d_v)
+        assert (ours - theirs).abs().max().item() < 1e-6
+
+    close(scaled_dot_product_attention(q, k, v), ref(q, k, v))
+    close(scaled_dot_product_attention(q, k, v, is_causal=True), ref(q, k, v, is_causal=True))
+    close(scaled_dot_product_attention(q, k, v, scale=0.3), ref(q, k, v, scale=0.3))
+    masks = [
+        torch.rand(T_q, T_k, generator=g) > 0.4,  # broadcast over every leading dim
+        torch.rand(*lead, T_q, T_k, generator=g) > 0.4,  # one mask per batch element
+        randn(T_q, T_k, g=g),  # float bias
+        torch.zeros(*lead, 1, T_k).masked_fill(torch.rand(*lead, 1, T_k, generator=g) > 0.5,
+                                               float("-inf")),  # float key mask with -inf
+    ]
+    if lead:
+        masks.append(torch.rand(lead[0], *([1] * (len(lead) - 1)), T_q, T_k, generator=g) > 0.4)
+    for m in masks:
+        close(scaled_dot_product_attention(q, k, v, mask=m), ref(q, k, v, attn_mask=m))
+
+
+def test_fully_masked_rows_are_zero_like_torch_and_have_finite_gradients():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (randn(2, 4, 3, g=g, dtype=torch.float64).requires_grad_() for _ in range(3))
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask[2] = False  # query 2 may attend nothing
+    float_mask = torch.zeros(4, 4, dtype=torch.float64).masked_fill(~mask, float("-inf"))
+    for m in (mask, float_mask):
+        z = scaled_dot_product_attention(q, k, v, mask=m)
+        assert torch.equal(z[:, 2], torch.zeros(2, 3, dtype=torch.float64))
+        assert torch.isfinite(z).all()
+        assert torch.allclose(z, F.scaled_dot_product_attention(q, k, v, attn_mask=m), atol=1e-12)
+        A = attention_weights(q, k, mask=m)
+        assert torch.equal(A[:, 2], torch.zeros(2, 4, dtype=torch.float64))
+        z.sum().backward()
+        for t in (q, k, v):
+            assert torch.isfinite(t.grad).all()
+            t.grad = None
+    # bottom-right causal mask with T_q > T_k: the first two queries see nothing
+    z = scaled_dot_product_attention(q, k[:, :2], v[:, :2], mask=causal_mask(4, 2, offset=-2))
+    assert torch.equal(z[:, :2], torch.zeros(2, 2, 3, dtype=torch.float64))
+    assert torch.isfinite(torch.autograd.grad(z.sum(), q)[0]).all()
+
+
+def test_gradcheck_float64():
+    g = torch.Generator().manual_seed(2)
+    q = randn(2, 3, 4, g=g, dtype=torch.float64).requires_grad_()
+    k = randn(2, 5, 4, g=g, dtype=torch.float64).requires_grad_()
+    v = randn(2, 5, 2, g=g, dtype=torch.float64).requires_grad_()
+    mask = torch.rand(3, 5, generator=g) > 0.3
+    mask[:, 0] = True
+    assert torch.autograd.gradcheck(scaled_dot_product_attention, (q, k, v))
+    assert torch.autograd.gradcheck(lambda a, b, c: scaled_dot_product_attention(
+        a, b, c, is_causal=True), (q, k, v))
+    assert torch.autograd.gradcheck(lambda a, b, c: scaled_dot_product_attention(
+        a, b, c, mask=mask), (q, k, v))
+
+
+@settings(max_examples=25, deadline=None)
+@given(T=st.integers(2, 9), d_k=st.integers(1, 6), d_v=st.integers(1, 5), seed=st.integers(0, 10**6))
+def test_causal_output_ignores_the_future_and_rows_sum_to_one(T, d_k, d_v, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = randn(2, T, d_k, g=g, dtype=torch.float64), randn(2, T, d_k, g=g,
+                                                               dtype=torch.float64), randn(
+        2, T, d_v, g=g, dtype=torch.float64)
+    i = int(torch.randint(0, T - 1, (1,), generator=g))
+    z = scaled_dot_product_attention(q, k, v, is_causal=True)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, i + 1:] = 100 * randn(2, T - i - 1, d_k, g=g, dtype=torch.float64)
+    v2[:, i + 1:] = 100 * randn(2, T - i - 1, d_v, g=g, dtype=torch.float64)
+    z2 = scaled_dot_product_attention(q, k2, v2, is_causal=True)
+    assert torch.equal(z[:, : i + 1], z2[:, : i + 1])  # rows 0..i did not move
+    assert not torch.allclose(z[:, i + 1:], z2[:, i + 1:])  # the later rows did
+    A = attention_weights(q, k, is_causal=True)
+    assert torch.allclose(A.sum(-1), torch.ones(2, T, dtype=torch.float64), atol=1e-14)
+    assert (A >= 0).all() and torch.equal(A.triu(1), torch.zeros_like(A))
+
+
+def test_bad_inputs_name_the_shapes():
+    q, k, v = torch.ones(2, 3, 4), torch.ones(2, 5, 4), torch.ones(2, 5, 6)
+    with pytest.raises(ValueError, match=r"same last dimension d_k, got q \(2, 3, 4\) and k \(2, 5, 3\)"):
+        scaled_dot_product_attention(q, torch.ones(2, 5, 3), v)
+    with pytest.raises(ValueError, match=r"same number of positions T_k, got k \(2, 5, 4\) and v \(2, 4, 6\)"):
+        scaled_dot_product_attention(q, k, torch.ones(2, 4, 6))
+    with pytest.raises(ValueError, match=r"equal leading dimensions.*q \(2, 3, 4\), k \(1, 5, 4\)"):
+        scaled_dot_product_attention(q, torch.ones(1, 5, 4), torch.ones(1, 5, 6))
+    with pytest.raises(ValueError, match=r"mask of shape \(3, 4\) does not broadcast .* \(2, 3, 5\)"):
+        scaled_dot_product_attention(q, k, v, mask=torch.ones(3, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"mask of shape \(4, 3, 5\) does not broadcast"):
+        scaled_dot_product_attention(q, k, v, mask=torch.ones(4, 3, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"mask of shape \(7, 2, 3, 5\) does not broadcast"):
+        scaled_dot_product_attention(q, k, v, mask=torch.ones(7, 2, 3, 5))  # would grow the output
+    with pytest.raises(ValueError, match="either mask or is_causal"):
+        scaled_dot_product_attention(q, k, v, mask=torch.ones(3, 5, dtype=torch.bool), is_causal=True)
+    with pytest.raises(TypeError, match="mask must be boolean .* got torch.int64"):
+        scaled_dot_product_attention(q, k, v, mask=torch.ones(3, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"shape \(\.\.\., T, d\), got \(4,\)"):
+        scaled_dot_product_attention(torch.ones(4), k, v)
+    with pytest.raises(TypeError, match="q must be a floating-point tensor"):
+        scaled_dot_product_attention(q.long(), k, v)
+
+
+# ---------------------------------------------------------------- MultiHeadAttention
+
+
+def test_mha_equals_separate_heads():
+    g = torch.Generator().manual_seed(3)
+    B, T, d, H = 2, 5, 12, 3
+    mha = MultiHeadAttention(d, H, bias=True, dtype=torch.float64)
+    x = randn(B, T, d, g=g, dtype=torch.float64)
+    Wq, Wk, Wv = mha.q_proj.weight, mha.k_proj.weight, mha.v_proj.weight  # (H d_head, d)
+    bq, bk, bv = mha.q_proj.bias, mha.k_proj.bias, mha.v_proj.bias
+    heads = []
+    for h in range(H):
+        s = slice(h * 4, (h + 1) * 4)
+        Q, K, V = x @ Wq[s].T + bq[s], x @ Wk[s].T + bk[s], x @ Wv[s].T + bv[s]  # (B, T, d_head)
+        S = Q @ K.transpose(1, 2) / math.sqrt(4)
+        S = S.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        heads.append(torch.softmax(S, -1) @ V)
+    expected = mha.o_proj(torch.cat(heads, dim=-1))
+    assert torch.allclose(mha(x), expected, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_mha_equals_torch_multihead_attention(causal):
+    g = torch.Generator().manual_seed(4)
+    B, T, d, H = 3, 6, 20, 4
+    ours = MultiHeadAttention(d, H, bias=True)
+    ref = torch.nn.MultiheadAttention(d, H, bias=True, batch_first=True)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight,
+                                            ours.v_proj.weight]))
+        ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        ref.out_proj.weight.copy_(ours.o_proj.weight)
+        ref.out_proj.bias.copy_(ours.o_proj.bias)
+    x = randn(B, T, d, g=g)
+    # torch's MultiheadAttention takes the opposite boolean convention: True = masked out
+    blocked = ~causal_mask(T) if causal else None
+    expected, _ = ref(x, x, x, attn_mask=blocked, need_weights=False)
+    for fused in (False, True):
+        ours.fused = fused
+        assert (ours(x, is_causal=causal) - expected).abs().max() < 1e-6
+
+
+def test_gqa_equals_repeated_kv_heads_and_fused_path():
+    g = torch.Generator().manual_seed(5)
+    B, T, d, H, H_kv = 2, 7, 24, 6, 2
+    gqa = MultiHeadAttention(d, H, H_kv, qkv_bias=True, dtype=torch.float64)
+    full = MultiHeadAttention(d, H, dtype=torch.float64, qkv_bias=True)
+    d_head, groups = d // H, H // H_kv
+    with torch.no_grad():
+        full.q_proj.load_state_dict(gqa.q_proj.state_dict())
+        full.o_proj.load_state_dict(gqa.o_proj.state_dict())
+        for name in ("k_proj", "v_proj"):
+            W = getattr(gqa, name).weight.view(H_kv, d_head, d).repeat_interleave(groups, 0)
+            b = getattr(gqa, name).bias.view(H_kv, d_head).repeat_interleave(groups, 0)
+            getattr(full, name).weight.copy_(W.reshape(H * d_head, d))
+            getattr(full, name).bias.copy_(b.reshape(H * d_head))
+    x = randn(B, T, d, g=g, dtype=torch.float64)
+    expected = full(x)
+    assert torch.allclose(gqa(x), expected, rtol=0, atol=1e-14)
+    gqa.fused = True
+    assert torch.allclose(gqa(x), expected, rtol=0, atol=1e-13)
+    # multi-query attention (one KV head) through both paths
+    mqa = MultiHeadAttention(d, H, 1, dtype=torch.float64)
+    y = mqa(x)
+    mqa.fused = True
+    assert torch.allclose(mqa(x), y, rtol=0, atol=1e-13)
+    assert mqa.k_proj.weight.shape == (d_head, d)
+
+
+def rotate_half(t):
+    a, b = t.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
+def make_rope(d_head, T, dtype=torch.float64):
+    inv = 1.0 / 10000 ** (torch.arange(0, d_head, 2, dtype=dtype) / d_head)
+    angles = torch.arange(T, dtype=dtype)[:, None] * inv
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+
+    def rope(t, positions):  # t (B, H, T, d_head), positions (T,) or (B, T)
+        c, s = cos[positions], sin[positions]
+        if positions.ndim == 2:
+            c, s = c[:, None], s[:, None]
+        return t * c + rotate_half(t) * s
+
+    return rope, cos, sin
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_mha_equals_transformers_attention_with_rope_and_gqa(family):
+    transformers = pytest.importorskip("transformers")
+    g = torch.Generator().manual_seed(6)
+    B, T, d, H, H_kv = 2, 6, 32, 8, 2
+    d_head = d // H
+    if family == "llama":
+        from transformers.models.llama.modeling_llama import LlamaAttention as Attn
+        cfg = transformers.LlamaConfig(hidden_size=d, num_attention_heads=H, num_key_value_heads=H_kv)
+        ours = MultiHeadAttention(d, H, H_kv, dtype=torch.float64)
+    else:
+        from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention as Attn
+        cfg = transformers.Qwen2Config(hidden_size=d, num_attention_heads=H, num_key_value_heads=H_kv)
+        ours = MultiHeadAttention(d, H, H_kv, qkv_bias=True, out_bias=False, dtype=torch.float64)
+    cfg._attn_implementation = "sdpa"
+    hf = Attn(cfg, layer_idx=0).double()
+    torch.manual_seed(0)
+    for p in hf.parameters():  # biases start at zero in transformers; make them count
+        torch.nn.init.normal_(p, std=0.3)
+    assert set(hf.state_dict()) == set(ours.state_dict())
+    ours.load_state_dict(hf.state_dict())
+    x = randn(B, T, d, g=g, dtype=torch.float64)
+    rope, cos, sin = make_rope(d_head, T)
+    blocked = torch.zeros(T, T, dtype=torch.float64).masked_fill(~causal_mask(T), float("-inf"))
+    expected, _ = hf(x, position_embeddings=(cos.expand(B, T, d_head), sin.expand(B, T, d_head)),
+                     attention_mask=blocked[None, None])
+    for fused in (False, True):
+        ours.fused = fused
+        assert torch.allclose(ours(x, rope=rope), expected, rtol=0, atol=1e-12)
+        positions = torch.arange(T).expand(B, T)
+        assert torch.allclose(ours(x, positions=positions, rope=rope), expected, rtol=0, atol=1e-12)
+
+
+def test_mha_masks_and_bias():
+    g = torch.Generator().manual_seed(7)
+    B, T, d, H = 2, 5, 8, 2
+    mha = MultiHeadAttention(d, H, dtype=torch.float64)
+    x = randn(B, T, d, g=g, dtype=torch.float64)
+    # a padding mask: sequence 0 has 3 real tokens; its first 3 outputs equal the short run
+    pad = torch.ones(B, 1, 1, T, dtype=torch.bool)
+    pad[0, ..., 3:] = False
+    y = mha(x, mask=pad)
+    assert torch.allclose(y[0, :3], mha(x[:1, :3])[0], rtol=0, atol=1e-14)
+    # non-causal mode: every position sees every other; a zero bias changes nothing
+    y_full = mha(x, is_causal=False)
+    assert not torch.allclose(y_full, mha(x))
+    assert torch.allclose(mha(x, is_causal=False, attn_bias=torch.zeros(T, T, dtype=torch.float64)),
+                          y_full, atol=1e-14)
+    # an additive bias equals a hand-built causal float mask plus that bias, in both paths
+    bias = randn(H, T, T, g=g, dtype=torch.float64)
+    q, k, v = mha.project_qkv(x)
+    float_mask = bias.masked_fill(~causal_mask(T), float("-inf"))
+    z = scaled_dot_product_attention(q, k, v, mask=float_mask).transpose(1, 2).reshape(B, T, d)
+    assert torch.allclose(mha(x, attn_bias=bias), mha.o_proj(z), rtol=0, atol=1e-14)
+    mha.fused = True
+    assert torch.allclose(mha(x, attn_bias=bias), mha.o_proj(z), rtol=0, atol=1e-13)
+    # positions and rope default to 0..T-1; v is not rotated
+    rope, _, _ = make_rope(d // H, T)
+    q_r, k_r, v_r = mha.project_qkv(x, rope=rope)
+    assert torch.allclose(q_r, rope(q, torch.arange(T))) and torch.equal(v_r, v)
+    assert not torch.allclose(q_r, q)
+
+
+def test_mha_gradcheck():
+    g = torch.Generator().manual_seed(8)
+    mha = MultiHeadAttention(6, 3, 1, d_head=2, bias=True, dtype=torch.float64)
+    x = randn(2, 4, 6, g=g, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(mha, (x,))
+    params = dict(mha.named_parameters())
+
+    def as_function_of_weights(wq, wk):
+        return torch.func.functional_call(mha, {**params, "q_proj.weight": wq,
+                                                "k_proj.weight": wk}, (x.detach(),))
+
+    wq = params["q_proj.weight"].detach().clone().requires_grad_()
+    wk = params["k_proj.weight"].detach().clone().requires_grad_()
+    assert torch.autograd.gradcheck(as_function_of_weights, (wq, wk))
+
+
+def test_mha_shapes_names_and_config_errors():
+    mha = MultiHeadAttention(10, 4, 2, d_head=3, qkv_bias=True, out_bias=False)
+    assert mha.q_proj.weight.shape == (12, 10) and mha.k_proj.weight.shape == (6, 10)
+    assert mha.o_proj.weight.shape == (10, 12) and mha.o_proj.bias is None
+    assert mha.v_proj.bias.shape == (6,)
+    assert mha(torch.ones(2, 3, 10)).shape == (2, 3, 10)
+    assert mha.scale == pytest.approx(1 / math.sqrt(3))
+    with pytest.raises(ValueError, match="d_model=10 is not divisible by n_heads=4"):
+        MultiHeadAttention(10, 4)
+    with pytest.raises(ValueError, match="n_heads=6 is not divisible by n_kv_heads=4"):
+        MultiHeadAttention(12, 6, 4)
+    with pytest.raises(ValueError, match="n_kv_heads must be positive"):
+        MultiHeadAttention(12, 6, 0)
+    with pytest.raises(TypeError, match="n_heads must be an int"):
+        MultiHeadAttention(12, 2.0)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, T, d_model=10\), got \(3, 10\)"):
+        mha(torch.ones(3, 10))
+    with pytest.raises(ValueError, match=r"mask of shape \(2, 2\) does not broadcast .* \(2, 4, 3, 3\)"):
+        mha(torch.ones(2, 3, 10), mask=torch.ones(2, 2, dtype=torch.bool))
+    with pytest.raises(TypeError, match="mask must be a boolean tensor .* pass an additive float mask as attn_bias"):
+        mha(torch.ones(2, 3, 10), mask=torch.zeros(3, 3))
+    with pytest.raises(TypeError, match="attn_bias must be a floating-point tensor"):
+        mha(torch.ones(2, 3, 10), attn_bias=torch.zeros(3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"mask of shape \(5, 3, 3\) does not broadcast"):
+        mha(torch.ones(2, 3, 10), attn_bias=torch.zeros(5, 3, 3))
+
+
+# ---------------------------------------------------------------- cost
+
+
+def test_attention_flops_formula_and_flop_counter():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    T, d, H = 16, 32, 4
+    parts = attention_flops(T, d, H)
+    assert parts["projections"] == 8 * T * d * d
+    assert parts["scores"] + parts["mix"] == 4 * T * T * d
+    assert parts["total"] == 8 * T * d * d + 4 * T * T * d
+    for n_kv in (H, 2, 1):
+        mha = MultiHeadAttention(d, H, n_kv)
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            mha(torch.ones(1, T, d))
+        assert counter.get_total_flops() == attention_flops(T, d, H, n_kv)["total"]
+    # cross-attention shape and explicit d_head
+    assert attention_flops(3, 10, 2, 1, d_head=4, T_k=7) == {
+        "projections": 2 * 3 * 10 * (2 * 8 + 2 * 4), "scores": 2 * 3 * 7 * 8,
+        "mix": 2 * 3 * 7 * 8, "total": 2 * 3 * 10 * 24 + 4 * 3 * 7 * 8}
+    with pytest.raises(ValueError, match="d_model=10 is not divisible by n_heads=3"):
+        attention_flops(4, 10, 3)
+    with pytest.raises(ValueError, match="T must be positive"):
+        attention_flops(0, 8)
+
+
+def test_mha_with_chapter_5_rotary_embedding_equals_transformers_llama():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+    from llmbook.positional import RotaryEmbedding
+
+    g = torch.Generator().manual_seed(9)
+    B, T, d, H, H_kv = 2, 9, 32, 4, 2
+    cfg = transformers.LlamaConfig(hidden_size=d, num_attention_heads=H, num_key_value_heads=H_kv,
+                                   max_position_embeddings=64)
+    cfg._attn_implementation = "sdpa"
+    hf = LlamaAttention(cfg, layer_idx=0).double()
+    ours = MultiHeadAttention(d, H, H_kv, dtype=torch.float64)
+    ours.load_state_dict(hf.state_dict())
+    x = randn(B, T, d, g=g, dtype=torch.float64)
+    positions = torch.arange(3, 3 + T).expand(B, T)  # an offset start, as after a prompt
+    cos, sin = LlamaRotaryEmbedding(cfg)(x, positions)  # HF computes the angles in float32
+    blocked = torch.zeros(T, T, dtype=torch.float64).masked_fill(~causal_mask(T), float("-inf"))
+    expected, _ = hf(x, position_embeddings=(cos, sin), attention_mask=blocked[None, None])
+    rope = RotaryEmbedding(d // H, max_seq_len=64)  # float32 tables, HF's arithmetic
+    for fused in (False, True):
+        ours.fused = fused
+        assert torch.allclose(ours(x, positions=positions, rope=rope), expected, rtol=0, atol=1e-12)
