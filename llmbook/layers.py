@@ -28,6 +28,7 @@ import math
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
@@ -237,8 +238,14 @@ def swish(x: Tensor, beta: float = 1.0) -> Tensor:
 
 def silu(x: Tensor) -> Tensor:
     """The sigmoid linear unit, SiLU(x) = x sigmoid(x) (Hendrycks & Gimpel, 2016; Elfwing et
-    al., 2018), the gate of SwiGLU. The same values as ``torch.nn.functional.silu``."""
-    return swish(x, 1.0)
+    al., 2018), the gate of SwiGLU: :func:`swish` with beta = 1.
+
+    Computed by PyTorch's single fused kernel ``torch.nn.functional.silu`` rather than as
+    x * sigmoid(x) in two operations: the same function (the tests check it against
+    :func:`swish`), but faster, and its backward keeps one tensor instead of two.
+    """
+    x = _check_floating(x, "silu")
+    return F.silu(x)
 
 
 def _gelu_exact(x: Tensor) -> Tensor:

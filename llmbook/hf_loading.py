@@ -1,0 +1,167 @@
+"""Load Hugging Face ``transformers`` GPT-2, Llama and Qwen2 models into :class:`TransformerLM`.
+
+Introduced in notebooks/07_decoder. The three families are the same decoder with different
+switches, so loading one is two steps: read the switches from the Hugging Face config
+(:func:`config_from_hf`), then copy every tensor to its place (:func:`from_hf`).
+
+* **Llama / Qwen2** (``LlamaForCausalLM``, ``Qwen2ForCausalLM``): the module names of
+  :class:`~llmbook.model.TransformerLM` follow theirs (``q_proj`` ... ``down_proj``), so
+  ``model.layers.{l}.self_attn.q_proj.weight`` goes to ``blocks.{l}.attn.q_proj.weight``
+  unchanged. The rotary tables use the half-split pairing of these checkpoints.
+* **GPT-2** (``GPT2LMHeadModel``): its linear layers are ``Conv1D`` modules that compute
+  x W + b with W stored as (d_in, d_out), the transpose of ``nn.Linear``'s (d_out, d_in);
+  and its attention keeps W_Q, W_K, W_V side by side in one (d, 3d) matrix ``c_attn``.
+  So every weight is transposed, and ``c_attn`` is split into three d-wide column blocks.
+
+Only what the book's model implements is accepted: an unsupported architecture, RoPE
+scaling, sliding-window attention or GPT-2's per-layer attention scaling is a
+``ValueError`` naming it. :func:`randomize_parameters_` adds noise to every parameter of a
+freshly initialised model, so that a comparison exercises the norm gains and biases too
+(a new Hugging Face model has them at exactly 1 and 0).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from llmbook.model import TransformerConfig, TransformerLM
+
+__all__ = ["config_from_hf", "from_hf", "randomize_parameters_"]
+
+SUPPORTED = ("gpt2", "llama", "qwen2")
+
+
+def _model_type(hf_model: object) -> str:
+    config = getattr(hf_model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    name = type(hf_model).__name__
+    if model_type not in SUPPORTED or not name.endswith(("LMHeadModel", "ForCausalLM")):
+        raise ValueError(f"unsupported model {name} (model_type={model_type!r}); from_hf "
+                         f"takes GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM")
+    return model_type
+
+
+def _rope_theta(hf_config: object) -> float:
+    """RoPE base from ``rope_parameters`` (transformers 5.x) or ``rope_theta`` (4.x)."""
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(f"unsupported RoPE variant rope_type={rope_type!r} (only 'default')")
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    if theta is None:
+        raise ValueError("the Hugging Face config has no rope_theta")
+    return float(theta)
+
+
+def config_from_hf(hf_model: nn.Module) -> TransformerConfig:
+    """The :class:`TransformerConfig` of a Hugging Face GPT-2, Llama or Qwen2 causal LM."""
+    kind = _model_type(hf_model)
+    hc = hf_model.config
+    if kind == "gpt2":
+        for flag in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
+            if getattr(hc, flag, False):
+                raise ValueError(f"unsupported GPT-2 option {flag}=True")
+        if not getattr(hc, "scale_attn_weights", True):
+            raise ValueError("unsupported GPT-2 option scale_attn_weights=False")
+        return TransformerConfig.gpt2_style(
+            vocab_size=hc.vocab_size, d_model=hc.n_embd, n_layers=hc.n_layer, n_heads=hc.n_head,
+            max_seq_len=hc.n_positions, d_ff=hc.n_inner or 4 * hc.n_embd,
+            norm_eps=hc.layer_norm_epsilon, activation=hc.activation_function,
+            tie_embeddings=bool(hc.tie_word_embeddings))
+    if getattr(hc, "use_sliding_window", False):
+        raise ValueError("unsupported option use_sliding_window=True (sliding-window attention)")
+    if hc.hidden_act not in ("silu", "swish"):
+        raise ValueError(f"unsupported hidden_act={hc.hidden_act!r} for SwiGLU (need 'silu')")
+    if kind == "llama":
+        attn_bias = bool(hc.attention_bias)
+        bias = dict(qkv_bias=attn_bias, out_bias=attn_bias, mlp_bias=bool(hc.mlp_bias))
+    else:  # qwen2: bias on q, k, v only
+        bias = dict(qkv_bias=True, out_bias=False, mlp_bias=False)
+    return TransformerConfig.llama_style(
+        vocab_size=hc.vocab_size, d_model=hc.hidden_size, n_layers=hc.num_hidden_layers,
+        n_heads=hc.num_attention_heads, n_kv_heads=hc.num_key_value_heads,
+        d_head=getattr(hc, "head_dim", None) or hc.hidden_size // hc.num_attention_heads,
+        d_ff=hc.intermediate_size, max_seq_len=hc.max_position_embeddings,
+        norm_eps=hc.rms_norm_eps, rope_theta=_rope_theta(hc),
+        tie_embeddings=bool(hc.tie_word_embeddings), **bias)
+
+
+def _gpt2_state(sd: dict[str, Tensor], n_layers: int, d: int, tied: bool) -> dict[str, Tensor]:
+    """GPT-2's state dict renamed to ours: Conv1D weights transposed, c_attn split in three."""
+    out = {"embed.weight": sd["transformer.wte.weight"],
+           "pos_embed.weight": sd["transformer.wpe.weight"],
+           "final_norm.weight": sd["transformer.ln_f.weight"],
+           "final_norm.bias": sd["transformer.ln_f.bias"]}
+    if not tied:
+        out["lm_head.weight"] = sd["lm_head.weight"]
+    for layer in range(n_layers):
+        src, dst = f"transformer.h.{layer}.", f"blocks.{layer}."
+        W_qkv, b_qkv = sd[src + "attn.c_attn.weight"], sd[src + "attn.c_attn.bias"]  # (d, 3d)
+        for i, name in enumerate(("q_proj", "k_proj", "v_proj")):
+            out[dst + f"attn.{name}.weight"] = W_qkv[:, i * d:(i + 1) * d].T  # (d_out, d_in)
+            out[dst + f"attn.{name}.bias"] = b_qkv[i * d:(i + 1) * d]
+        pairs = {"attn.c_proj": "attn.o_proj", "mlp.c_fc": "mlp.fc", "mlp.c_proj": "mlp.proj"}
+        for ours_from, ours_to in pairs.items():
+            out[dst + ours_to + ".weight"] = sd[src + ours_from + ".weight"].T
+            out[dst + ours_to + ".bias"] = sd[src + ours_from + ".bias"]
+        for ln, ours in (("ln_1", "attn_norm"), ("ln_2", "mlp_norm")):
+            out[dst + ours + ".weight"] = sd[src + ln + ".weight"]
+            out[dst + ours + ".bias"] = sd[src + ln + ".bias"]
+    return out
+
+
+def _llama_state(sd: dict[str, Tensor], n_layers: int, tied: bool) -> dict[str, Tensor]:
+    """Llama/Qwen2's state dict renamed to ours (no tensor changes)."""
+    out = {"embed.weight": sd["model.embed_tokens.weight"],
+           "final_norm.weight": sd["model.norm.weight"]}
+    if not tied:
+        out["lm_head.weight"] = sd["lm_head.weight"]
+    renames = {"self_attn.": "attn.", "input_layernorm.": "attn_norm.",
+               "post_attention_layernorm.": "mlp_norm.", "mlp.": "mlp."}
+    for key, value in sd.items():
+        if not key.startswith("model.layers."):
+            continue
+        rest = key[len("model.layers."):]  # "{l}.self_attn.q_proj.weight"
+        layer, tail = rest.split(".", 1)
+        prefix = next(p for p in renames if tail.startswith(p))
+        out[f"blocks.{layer}.{renames[prefix]}{tail[len(prefix):]}"] = value
+    return out
+
+
+def from_hf(hf_model: nn.Module) -> TransformerLM:
+    """A :class:`TransformerLM` with the configuration and weights of ``hf_model``.
+
+    ``hf_model`` is a ``transformers`` ``GPT2LMHeadModel``, ``LlamaForCausalLM`` or
+    ``Qwen2ForCausalLM``; the result has its dtype and device, and computes the same logits
+    (to round-off) for the same ids. The weights are copied, not shared. Anything else is a
+    ``ValueError`` naming the class and ``model_type``.
+    """
+    config = config_from_hf(hf_model)
+    sd = hf_model.state_dict()
+    if config.positions == "learned":
+        state = _gpt2_state(sd, config.n_layers, config.d_model, config.tie_embeddings)
+    else:
+        state = _llama_state(sd, config.n_layers, config.tie_embeddings)
+    dtype = sd["lm_head.weight"].dtype if "lm_head.weight" in sd else next(iter(sd.values())).dtype
+    device = next(iter(sd.values())).device
+    with torch.device(device):
+        model = TransformerLM(config).to(dtype)
+    model.load_state_dict({k: v.detach() for k, v in state.items()}, strict=True)
+    return model
+
+
+@torch.no_grad()
+def randomize_parameters_(model: nn.Module, std: float = 0.1,
+                          generator: torch.Generator | None = None) -> nn.Module:
+    """Add N(0, std^2) noise to every parameter of ``model``, in place; return the model.
+
+    A testing aid: a new model has its norm gains at exactly 1 and its biases at 0, so a
+    loader that forgot to copy them, or copied a bias into the wrong place, would still
+    produce matching logits. Tied parameters are visited once, so they stay tied.
+    """
+    if not std > 0:
+        raise ValueError(f"std must be positive, got std={std}")
+    for p in model.parameters():
+        p.add_(torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) * std)
+    return model

@@ -1,0 +1,356 @@
+"""The decoder-only transformer: one configurable model for the GPT-2 and Llama families.
+
+Introduced in notebooks/07_decoder. The pieces come from the chapters before: token
+embeddings (chapter 2), multi-head attention with grouped-query heads (chapter 4), learned
+and rotary positions (chapter 5), LayerNorm/RMSNorm and the MLP/SwiGLU feed-forward layers
+(chapter 6). A model is
+
+    x_0 = E[ids] (+ P[positions]),
+    x_l = x_{l-1} + Attn(Norm(x_{l-1})),   x_l = x_l + FFN(Norm(x_l))   for l = 1..L,
+    z   = Norm(x_L) W_out^T                (W_out = E when the embeddings are tied),
+
+the *pre-norm* block of GPT-2 (Radford et al., 2019, "Language Models are Unsupervised
+Multitask Learners", section 2.3) and Llama (Touvron et al., 2023, "LLaMA: Open and
+Efficient Foundation Language Models"). The two families differ only in the choices a
+:class:`TransformerConfig` records: LayerNorm or RMSNorm, learned positions or RoPE, a
+GELU MLP or SwiGLU, biases, grouped-query heads, tied or untied output layer.
+
+Contents:
+
+* :class:`TransformerConfig` - the hyper-parameters, validated at construction, with the
+  named constructors :meth:`~TransformerConfig.gpt2_style`,
+  :meth:`~TransformerConfig.llama_style` and :meth:`~TransformerConfig.qwen2_style`;
+* :class:`DecoderBlock` - x + attn(norm(x)), then x + ffn(norm(x));
+* :class:`TransformerLM` - embeddings, L blocks, final norm, LM head;
+  :meth:`TransformerLM.from_hf` loads a Hugging Face GPT-2, Llama or Qwen2 model
+  (see :mod:`llmbook.hf_loading`).
+
+Closed-form parameter and FLOP counts are in :mod:`llmbook.sizing`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from llmbook.attention import MultiHeadAttention
+from llmbook.embedding import TokenEmbedding
+from llmbook.layers import ACTIVATIONS, MLP, LayerNorm, RMSNorm, SwiGLU
+from llmbook.positional import LearnedPositions, RotaryEmbedding, apply_rotary
+
+__all__ = ["DecoderBlock", "TransformerConfig", "TransformerLM"]
+
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rope")
+MLPS = ("gelu", "swiglu")
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {name}={value}")
+
+
+def _choice(name: str, value: object, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise ValueError(f"unknown {name}={value!r}; choose one of {list(options)}")
+
+
+@dataclass
+class TransformerConfig:
+    """The hyper-parameters of a decoder-only transformer (validated at construction).
+
+    Sizes: ``vocab_size`` V, ``d_model`` d, ``n_layers`` L, ``n_heads`` H, ``n_kv_heads``
+    H_kv (default H; H_kv < H is grouped-query attention), ``d_head`` (default d / H),
+    ``d_ff`` (the feed-forward width; default 4 d for the GELU MLP and Llama's rule
+    2/3 * 4 d rounded up to a multiple of 32 for SwiGLU), ``max_seq_len`` T_max.
+
+    Choices: ``norm`` "layernorm" | "rmsnorm" with ``norm_eps`` and ``norm_bias`` (LayerNorm's
+    beta; RMSNorm has none); ``positions`` "learned" (a T_max x d table added to the embeddings) | "rope"
+    (``rope_theta``, ``rope_interleaved`` for the pairing); ``mlp`` "gelu" (two matrices,
+    ``activation`` default "gelu_tanh", GPT-2's) | "swiglu" (three matrices, SiLU gate);
+    biases: ``attn_bias`` for all attention projections, overridden by ``qkv_bias`` (queries,
+    keys, values) and ``out_bias`` (output projection), ``mlp_bias``; ``tie_embeddings``
+    (LM head = E). ``init_std`` is the standard deviation of the initial weights and
+    ``fused_attention`` selects PyTorch's fused attention kernel (see :class:`TransformerLM`).
+    """
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int | None = None
+    d_head: int | None = None
+    d_ff: int | None = None
+    max_seq_len: int = 1024
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    norm_bias: bool = True
+    positions: str = "learned"
+    rope_theta: float = 10000.0
+    rope_interleaved: bool = False
+    mlp: str = "gelu"
+    activation: str | None = None
+    attn_bias: bool = True
+    qkv_bias: bool | None = None
+    out_bias: bool | None = None
+    mlp_bias: bool = True
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+    fused_attention: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
+            _positive_int(name, getattr(self, name))
+        _choice("norm", self.norm, NORMS)
+        _choice("positions", self.positions, POSITIONS)
+        _choice("mlp", self.mlp, MLPS)
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        _positive_int("n_kv_heads", self.n_kv_heads)
+        if self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(f"n_heads={self.n_heads} is not divisible by "
+                             f"n_kv_heads={self.n_kv_heads}")
+        if self.d_head is None:
+            if self.d_model % self.n_heads != 0:
+                raise ValueError(f"d_model={self.d_model} is not divisible by "
+                                 f"n_heads={self.n_heads} (or give d_head explicitly)")
+            self.d_head = self.d_model // self.n_heads
+        _positive_int("d_head", self.d_head)
+        if self.positions == "rope" and self.d_head % 2:
+            raise ValueError(f"RoPE rotates pairs, so d_head must be even, got d_head={self.d_head}")
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model if self.mlp == "gelu" else \
+                32 * math.ceil(int(8 * self.d_model / 3) / 32)
+        _positive_int("d_ff", self.d_ff)
+        if self.activation is None:
+            self.activation = "gelu_tanh" if self.mlp == "gelu" else "silu"
+        if self.mlp == "swiglu" and self.activation not in ("silu", "swish"):
+            raise ValueError(f"mlp='swiglu' gates with SiLU, got activation={self.activation!r}")
+        _choice("activation", self.activation, tuple(sorted(ACTIVATIONS)))
+        if self.qkv_bias is None:
+            self.qkv_bias = self.attn_bias
+        if self.out_bias is None:
+            self.out_bias = self.attn_bias
+        for name in ("norm_eps", "rope_theta", "init_std"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{name} must be a positive number, got {name}={value!r}")
+        if self.positions == "rope" and not self.rope_theta > 1:
+            raise ValueError(f"rope_theta must be greater than 1, got {self.rope_theta}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict (e.g. for a checkpoint or a JSON file)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def gpt2_style(cls, vocab_size: int = 50257, d_model: int = 768, n_layers: int = 12,
+                   n_heads: int = 12, max_seq_len: int = 1024, **overrides: Any) -> TransformerConfig:
+        """GPT-2 (Radford et al., 2019): LayerNorm (eps 1e-5) with biases, learned positions,
+        a 4d-wide MLP with the tanh GELU, biases everywhere, tied embeddings. The defaults
+        are GPT-2 small (124M parameters)."""
+        kw: dict[str, Any] = dict(norm="layernorm", norm_eps=1e-5, norm_bias=True,
+                                  positions="learned", mlp="gelu", activation="gelu_tanh",
+                                  attn_bias=True, mlp_bias=True, tie_embeddings=True)
+        kw.update(overrides)
+        return cls(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                   max_seq_len=max_seq_len, **kw)
+
+    @classmethod
+    def llama_style(cls, vocab_size: int = 32000, d_model: int = 4096, n_layers: int = 32,
+                    n_heads: int = 32, max_seq_len: int = 4096, **overrides: Any) -> TransformerConfig:
+        """Llama (Touvron et al., 2023): RMSNorm (eps 1e-6), RoPE (theta 10^4, half-split
+        pairing as in Hugging Face checkpoints), SwiGLU, no biases, untied LM head; pass
+        ``n_kv_heads`` for grouped-query attention. The defaults are Llama 2 7B's shape
+        (d_ff = 11008)."""
+        kw: dict[str, Any] = dict(norm="rmsnorm", norm_eps=1e-6, norm_bias=False,
+                                  positions="rope", rope_theta=10000.0, rope_interleaved=False,
+                                  mlp="swiglu", activation="silu", attn_bias=False,
+                                  mlp_bias=False, tie_embeddings=False)
+        if d_model == 4096 and "d_ff" not in overrides:
+            kw["d_ff"] = 11008
+        kw.update(overrides)
+        return cls(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                   max_seq_len=max_seq_len, **kw)
+
+    @classmethod
+    def qwen2_style(cls, vocab_size: int = 151936, d_model: int = 896, n_layers: int = 24,
+                    n_heads: int = 14, max_seq_len: int = 32768, **overrides: Any) -> TransformerConfig:
+        """Qwen2 (Yang et al., 2024, "Qwen2 Technical Report"): Llama's block with biases on
+        the query, key and value projections only, and RoPE theta 10^6. The defaults are
+        Qwen2-0.5B (2 KV heads, d_ff = 4864, tied embeddings, 494,032,768 parameters)."""
+        kw: dict[str, Any] = dict(rope_theta=1_000_000.0, qkv_bias=True, out_bias=False)
+        if (vocab_size, d_model, n_layers, n_heads) == (151936, 896, 24, 14):
+            kw.update(n_kv_heads=2, d_ff=4864, tie_embeddings=True)
+        kw.update(overrides)
+        return cls.llama_style(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers,
+                               n_heads=n_heads, max_seq_len=max_seq_len, **kw)
+
+
+class DecoderBlock(nn.Module):
+    """One pre-norm decoder block: x + Attn(Norm(x)), then + FFN(Norm(x)).
+
+    Submodules ``attn_norm``, ``attn`` (:class:`~llmbook.attention.MultiHeadAttention`),
+    ``mlp_norm`` and ``mlp`` (:class:`~llmbook.layers.MLP` or :class:`~llmbook.layers.SwiGLU`).
+    Shapes: (B, T, d) -> (B, T, d).
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        c = config
+        self.attn_norm = _make_norm(c)
+        self.attn = MultiHeadAttention(c.d_model, c.n_heads, c.n_kv_heads, d_head=c.d_head,
+                                       qkv_bias=c.qkv_bias, out_bias=c.out_bias,
+                                       fused=c.fused_attention)
+        self.mlp_norm = _make_norm(c)
+        if c.mlp == "gelu":
+            self.mlp: nn.Module = MLP(c.d_model, c.d_ff, activation=c.activation, bias=c.mlp_bias)
+        else:
+            self.mlp = SwiGLU(c.d_model, c.d_ff, bias=c.mlp_bias)
+
+    def forward(self, x: Tensor, positions: Tensor | None = None,
+                rope: Callable[[Tensor, Tensor], Tensor] | None = None) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), positions=positions, rope=rope)  # (B, T, d)
+        return x + self.mlp(self.mlp_norm(x))  # (B, T, d)
+
+
+def _make_norm(c: TransformerConfig) -> nn.Module:
+    if c.norm == "layernorm":
+        return LayerNorm(c.d_model, eps=c.norm_eps, bias=c.norm_bias)
+    return RMSNorm(c.d_model, eps=c.norm_eps)
+
+
+class TransformerLM(nn.Module):
+    """A decoder-only language model: ids (B, T) -> logits (B, T, V).
+
+    Submodules: ``embed`` (:class:`~llmbook.embedding.TokenEmbedding`, E of shape (V, d)),
+    ``pos_embed`` (:class:`~llmbook.positional.LearnedPositions`, or None with RoPE),
+    ``rope`` (:class:`~llmbook.positional.RotaryEmbedding`, one shared by all layers, or
+    None), ``blocks`` (L :class:`DecoderBlock`), ``final_norm`` and ``lm_head``
+    (nn.Linear(d, V) without bias, or None when tied: then z = h E^T).
+
+    Initialisation (GPT-2's, as in Radford et al., 2019, section 2.3, and nanoGPT): every
+    weight matrix and both embedding tables N(0, s^2) with s = ``init_std`` = 0.02; the
+    projections that write into the residual stream (attention ``o_proj`` and the MLP's
+    ``proj`` / ``down_proj``) N(0, s^2 / (2L)), so that the variance the 2L residual
+    branches add up to stays independent of depth; biases 0, norm gains 1. ``generator``
+    makes it reproducible. The model can be built on the meta device (``with
+    torch.device("meta"):``) to count parameters and FLOPs of large shapes for free.
+
+    ``config.fused_attention`` (default True) runs the attention step with PyTorch's
+    fused ``scaled_dot_product_attention``; :meth:`set_fused_attention` switches every
+    layer to the book's own implementation (chapter 4) and back. Both agree to round-off.
+    """
+
+    def __init__(self, config: TransformerConfig, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
+        self.config = c = config
+        self.embed = TokenEmbedding(c.vocab_size, c.d_model, std=c.init_std)
+        self.pos_embed = LearnedPositions(c.max_seq_len, c.d_model, std=c.init_std) \
+            if c.positions == "learned" else None
+        self.rope = RotaryEmbedding(c.d_head, c.rope_theta, c.max_seq_len, c.rope_interleaved) \
+            if c.positions == "rope" else None
+        self.blocks = nn.ModuleList(DecoderBlock(c) for _ in range(c.n_layers))
+        self.final_norm = _make_norm(c)
+        self.lm_head = None if c.tie_embeddings else nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.reset_parameters(generator)
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """GPT-2's initialisation (see the class docstring)."""
+        s = self.config.init_std
+        residual_std = s / math.sqrt(2 * self.config.n_layers)
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif p.ndim == 1:  # norm gains
+                p.fill_(1.0)
+            elif name.endswith(("o_proj.weight", "mlp.proj.weight", "down_proj.weight")):
+                p.normal_(0.0, residual_std, generator=generator)
+            else:
+                p.normal_(0.0, s, generator=generator)
+
+    def set_fused_attention(self, fused: bool) -> None:
+        """Use PyTorch's fused attention kernel (True) or the book's (False) in every layer."""
+        self.config.fused_attention = bool(fused)
+        for block in self.blocks:
+            block.attn.fused = bool(fused)
+
+    def _check_inputs(self, ids: object, positions: object) -> Tensor:
+        c = self.config
+        if not isinstance(ids, Tensor):
+            raise TypeError(f"ids must be a torch.Tensor, got {type(ids).__name__}")
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"ids must be integer token ids (torch.long), got {ids.dtype}")
+        if ids.ndim != 2 or ids.shape[1] == 0:
+            raise ValueError(f"ids must have shape (B, T) with T >= 1, got {tuple(ids.shape)}")
+        B, T = ids.shape
+        if positions is None:
+            if T > c.max_seq_len:
+                raise ValueError(f"sequence length T={T} exceeds max_seq_len={c.max_seq_len}")
+            positions = torch.arange(T, device=ids.device)  # (T,)
+        elif not isinstance(positions, Tensor) or positions.shape not in ((T,), (B, T)) or \
+                positions.dtype not in (torch.int64, torch.int32):
+            got = (tuple(positions.shape), positions.dtype) if isinstance(positions, Tensor) \
+                else type(positions).__name__
+            raise ValueError(f"positions must be integers of shape (T,) = ({T},) or (B, T) = "
+                             f"({B}, {T}), got {got}")
+        if ids.device.type != "meta":  # a meta tensor has no values to check
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= c.vocab_size:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"token id {bad} is out of range for vocab_size={c.vocab_size} "
+                                 f"(ids must lie in [0, {c.vocab_size - 1}])")
+            lo, hi = int(positions.min()), int(positions.max())
+            if lo < 0 or hi >= c.max_seq_len:
+                raise ValueError(f"position {lo if lo < 0 else hi} is out of range for "
+                                 f"max_seq_len={c.max_seq_len}")
+        return positions
+
+    def forward(self, ids: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Logits of the next token at every position: ids (B, T) -> (B, T, V).
+
+        ``positions`` (T,) or (B, T) default to 0, 1, ..., T-1; with ``positions=None`` a
+        sequence longer than ``max_seq_len`` is a ``ValueError`` naming both.
+        """
+        positions = self._check_inputs(ids, positions)
+        x = F.embedding(ids, self.embed.weight)  # (B, T, d): the lookup E[ids] of chapter 2
+        if self.pos_embed is not None:
+            x = x + self.pos_embed.weight[positions]  # (B, T, d)
+        rope = None
+        if self.rope is not None:  # look the rotation up once and share it with every layer
+            cos, sin = self.rope.cos[positions], self.rope.sin[positions]  # (..., T, d_head/2)
+            if positions.ndim == 2:
+                cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d_head/2), shared by the heads
+            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+            interleaved = self.rope.interleaved
+
+            def rope(t: Tensor, _positions: Tensor) -> Tensor:
+                return apply_rotary(t, cos, sin, interleaved=interleaved)  # (B, H, T, d_head)
+
+        for block in self.blocks:
+            x = block(x, positions, rope)  # (B, T, d)
+        h = self.final_norm(x)  # (B, T, d)
+        if self.lm_head is None:
+            return F.linear(h, self.embed.weight)  # (B, T, V): z = h E^T, tied
+        return self.lm_head(h)  # (B, T, V)
+
+    def num_parameters(self) -> int:
+        """The number of distinct parameters (a tied matrix counts once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    @classmethod
+    def from_hf(cls, hf_model: nn.Module) -> TransformerLM:
+        """A copy of a Hugging Face GPT-2, Llama or Qwen2 causal LM (see :mod:`llmbook.hf_loading`)."""
+        from llmbook.hf_loading import from_hf
+
+        return from_hf(hf_model)

@@ -1,0 +1,85 @@
+"""Reference solutions to the exercises of notebooks/07_decoder (checked by tests/test_solutions_07.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sympy as sp
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from llmbook.model import TransformerLM
+from llmbook.positional import rope_permutation
+from llmbook.sizing import flops_shares
+
+
+def width_for_budget(n_params: int = 350_000_000, n_layers: int = 24, vocab_size: int = 50257,
+                     max_seq_len: int = 1024, multiple: int = 64) -> tuple[float, int]:
+    """Exercise 1: the width d of a GPT-2-style model with ``n_params`` parameters.
+
+    Solves 12 L d^2 + 13 L d + V d + T_max d + 2 d = N (section 7.3) for its positive root
+    and rounds it to the nearest multiple of ``multiple``. Returns (exact root, rounded d).
+    """
+    d = sp.Symbol("d", positive=True)
+    L, V, T_max = n_layers, vocab_size, max_seq_len
+    N = 12 * L * d**2 + 13 * L * d + V * d + T_max * d + 2 * d
+    (root,) = sp.solve(sp.Eq(N, n_params), d)
+    exact = float(root)
+    return exact, multiple * round(exact / multiple)
+
+
+def interleave_rope(model: TransformerLM) -> TransformerLM:
+    """Exercise 2: an equal model whose RoPE pairs (x_0, x_1), (x_2, x_3), ... .
+
+    The half-split layout pairs (x_j, x_{j + d_h/2}). With perm = rope_permutation(d_h),
+    q[perm] is in the interleaved layout, so permuting the rows of W_Q and W_K (and their
+    biases) head by head gives queries and keys whose interleaved rotation is the
+    half-split rotation, permuted; dot products ignore a common permutation, so the scores,
+    and everything after them, are unchanged.
+    """
+    c = model.config
+    if c.positions != "rope":
+        raise ValueError(f"the model has positions={c.positions!r}, not 'rope'")
+    if c.rope_interleaved:
+        raise ValueError("the model already uses the interleaved pairing")
+    new = TransformerLM(dataclasses.replace(c, rope_interleaved=True)).to(model.embed.weight.dtype)
+    perm = rope_permutation(c.d_head)  # (d_h,)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    for name, n_heads in (("q_proj", c.n_heads), ("k_proj", c.n_kv_heads)):
+        rows = (torch.arange(n_heads)[:, None] * c.d_head + perm[None, :]).reshape(-1)  # (n d_h,)
+        for key in [k for k in state if f"attn.{name}." in k]:
+            state[key] = state[key][rows]
+    new.load_state_dict(state)
+    return new
+
+
+def training_flops(model: TransformerLM, ids: torch.Tensor) -> tuple[int, int]:
+    """Exercise 3: FlopCounterMode's count of (forward, forward + backward) on ``ids``.
+
+    The loss is the next-token cross-entropy; the book's (unfused) attention is used so
+    that the counter sees every product.
+    """
+    model.set_fused_attention(False)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(ids)
+    forward = counter.get_total_flops()
+    counter = FlopCounterMode(display=False)
+    with counter:
+        logits = model(ids)  # (B, T, V)
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return forward, counter.get_total_flops()
+
+
+def attention_crossover(config) -> sp.Rational:
+    """Exercise 4: the length T* at which the attention-score FLOPs (4 L T H d_h per token)
+    equal all other forward FLOPs, which do not depend on T."""
+    T = sp.Symbol("T", positive=True)
+    rest = flops_shares(config, 1)
+    others = rest["total"] - rest["attention_scores"]
+    scores = 4 * T * config.n_layers * config.n_heads * config.d_head
+    (T_star,) = sp.solve(sp.Eq(scores, others), T)
+    return sp.nsimplify(T_star)

@@ -1,0 +1,218 @@
+"""Tests for llmbook.model: the configuration, the decoder block and TransformerLM."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.func import functional_call
+
+from llmbook.model import DecoderBlock, TransformerConfig, TransformerLM
+
+
+def tiny(style: str = "llama", **kw) -> TransformerConfig:
+    base = dict(vocab_size=37, d_model=24, n_layers=2, n_heads=4, max_seq_len=20)
+    base.update(kw)
+    if style == "gpt2":
+        return TransformerConfig.gpt2_style(**base)
+    if style == "qwen2":
+        return TransformerConfig.qwen2_style(**base)
+    return TransformerConfig.llama_style(**base)
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_config_defaults_and_resolution():
+    c = TransformerConfig(vocab_size=10, d_model=12, n_layers=1, n_heads=3)
+    assert (c.n_kv_heads, c.d_head, c.d_ff, c.activation) == (3, 4, 48, "gelu_tanh")
+    assert (c.qkv_bias, c.out_bias) == (True, True)
+    s = TransformerConfig(vocab_size=10, d_model=96, n_layers=1, n_heads=3, mlp="swiglu")
+    assert s.d_ff == 256 and s.activation == "silu"  # int(8 * 96 / 3) = 256, a multiple of 32
+    q = TransformerConfig.qwen2_style()
+    assert (q.n_kv_heads, q.d_ff, q.qkv_bias, q.out_bias, q.mlp_bias, q.tie_embeddings) == \
+        (2, 4864, True, False, False, True)
+    assert q.rope_theta == 1e6 and q.norm == "rmsnorm" and q.positions == "rope"
+    assert TransformerConfig.llama_style().d_ff == 11008
+    assert TransformerConfig.gpt2_style().to_dict()["d_ff"] == 3072
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(d_model=10, n_heads=4), r"d_model=10 is not divisible by n_heads=4"),
+        (dict(n_heads=4, n_kv_heads=3), r"n_heads=4 is not divisible by n_kv_heads=3"),
+        (dict(n_layers=0), r"n_layers must be positive, got n_layers=0"),
+        (dict(vocab_size=-5), r"vocab_size=-5"),
+        (dict(d_ff=0), r"d_ff=0"),
+        (dict(norm="batchnorm"), r"unknown norm='batchnorm'"),
+        (dict(positions="alibi"), r"unknown positions='alibi'"),
+        (dict(mlp="relu"), r"unknown mlp='relu'"),
+        (dict(activation="tanhh"), r"unknown activation='tanhh'"),
+        (dict(mlp="swiglu", activation="gelu"), r"activation='gelu'"),
+        (dict(positions="rope", d_model=12, n_heads=4), r"d_head must be even, got d_head=3"),
+        (dict(norm_eps=0.0), r"norm_eps must be a positive number"),
+        (dict(positions="rope", rope_theta=1.0), r"rope_theta must be greater than 1"),
+    ],
+)
+def test_config_rejects_bad_values(kwargs, message):
+    base = dict(vocab_size=10, d_model=16, n_layers=1, n_heads=4)
+    base.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        TransformerConfig(**base)
+
+
+def test_config_rejects_non_int_sizes():
+    with pytest.raises(TypeError, match="d_model must be an int"):
+        TransformerConfig(vocab_size=10, d_model=16.0, n_layers=1, n_heads=4)
+    with pytest.raises(TypeError, match="TransformerConfig"):
+        TransformerLM({"vocab_size": 10})
+
+
+# ---------------------------------------------------------------- forward pass
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama", "qwen2"])
+def test_forward_shape_and_finite(style):
+    model = TransformerLM(tiny(style), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 37, (3, 13))
+    z = model(ids)
+    assert z.shape == (3, 13, 37) and z.dtype == torch.float32 and torch.isfinite(z).all()
+
+
+def test_block_is_pre_norm_residual():
+    """x + attn(norm(x)), then + mlp(norm(.)), spelled out by hand."""
+    torch.manual_seed(0)
+    c = tiny("gpt2")
+    block = DecoderBlock(c).double()
+    for p in block.parameters():
+        p.data.normal_(0, 0.3)
+    x = torch.randn(2, 7, 24, dtype=torch.float64)
+    h = x + block.attn(block.attn_norm(x))
+    expected = h + block.mlp(block.mlp_norm(h))
+    assert torch.allclose(block(x), expected, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+def test_fused_attention_equals_book_attention(style):
+    model = TransformerLM(tiny(style, n_kv_heads=2)).double()
+    ids = torch.randint(0, 37, (2, 11))
+    fused = model(ids)
+    model.set_fused_attention(False)
+    assert not any(b.attn.fused for b in model.blocks) and not model.config.fused_attention
+    book = model(ids)
+    assert torch.allclose(fused, book, rtol=0, atol=1e-12)
+
+
+@settings(max_examples=15, deadline=None)
+@given(style=st.sampled_from(["gpt2", "llama"]), T=st.integers(2, 20), t=st.integers(0, 19),
+       seed=st.integers(0, 1000))
+def test_causal_logits_ignore_the_future(style, T, t, seed):
+    t = t % T
+    g = torch.Generator().manual_seed(seed)
+    model = TransformerLM(tiny(style), generator=g)
+    ids = torch.randint(0, 37, (2, T), generator=g)
+    changed = ids.clone()
+    changed[:, t] = (changed[:, t] + 1) % 37
+    with torch.no_grad():
+        a, b = model(ids), model(changed)
+    assert torch.equal(a[:, :t], b[:, :t])
+    assert (a[:, t] - b[:, t]).abs().max() > 0
+
+
+def test_rope_model_depends_only_on_relative_positions():
+    model = TransformerLM(tiny("llama", max_seq_len=40)).double()
+    ids = torch.randint(0, 37, (2, 9))
+    shifted = model(ids, positions=torch.arange(9) + 17)
+    assert torch.allclose(model(ids), shifted, rtol=0, atol=1e-10)
+    per_row = model(ids, positions=torch.stack([torch.arange(9), torch.arange(9) + 5]))
+    assert torch.allclose(model(ids), per_row, rtol=0, atol=1e-10)
+    # a learned table has no such symmetry
+    gpt = TransformerLM(tiny("gpt2", max_seq_len=40)).double()
+    assert not torch.allclose(gpt(ids), gpt(ids, positions=torch.arange(9) + 17), atol=1e-6)
+
+
+def test_bad_inputs():
+    model = TransformerLM(tiny("gpt2"))
+    with pytest.raises(ValueError, match=r"T=21 exceeds max_seq_len=20"):
+        model(torch.zeros(1, 21, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"token id 37 is out of range for vocab_size=37"):
+        model(torch.tensor([[1, 37, 2]]))
+    with pytest.raises(ValueError, match=r"token id -1 is out of range"):
+        model(torch.tensor([[1, -1, 2]]))
+    with pytest.raises(TypeError, match="integer token ids"):
+        model(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match=r"shape \(B, T\)"):
+        model(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        model([[1, 2]])
+    with pytest.raises(ValueError, match=r"positions must be integers of shape \(T,\) = \(3,\)"):
+        model(torch.zeros(2, 3, dtype=torch.long), positions=torch.arange(4))
+    with pytest.raises(ValueError, match=r"position 25 is out of range for max_seq_len=20"):
+        model(torch.zeros(1, 3, dtype=torch.long), positions=torch.arange(23, 26))
+
+
+# ---------------------------------------------------------------- initialisation and tying
+
+
+def test_gpt2_initialisation():
+    c = TransformerConfig.gpt2_style(vocab_size=500, d_model=256, n_layers=8, n_heads=4,
+                                     max_seq_len=64)
+    model = TransformerLM(c, generator=torch.Generator().manual_seed(0))
+    resid = 0.02 / math.sqrt(2 * 8)
+    for block in model.blocks:
+        assert abs(block.attn.o_proj.weight.std().item() / resid - 1) < 0.05
+        assert abs(block.mlp.proj.weight.std().item() / resid - 1) < 0.05
+        assert abs(block.attn.q_proj.weight.std().item() / 0.02 - 1) < 0.05
+        assert torch.equal(block.attn.q_proj.bias, torch.zeros(256))
+        assert torch.equal(block.attn_norm.weight, torch.ones(256))
+    assert abs(model.embed.weight.std().item() / 0.02 - 1) < 0.05
+    again = TransformerLM(c, generator=torch.Generator().manual_seed(0))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters(), strict=True))
+
+
+def test_tied_and_untied_heads():
+    tied = TransformerLM(tiny("gpt2"))
+    assert tied.lm_head is None
+    names = {n for n, _ in tied.named_parameters()}
+    assert "embed.weight" in names and not any(n.startswith("lm_head") for n in names)
+    ids = torch.randint(0, 10, (2, 5))  # tokens 10..36 never occur in the input
+    tied(ids).sum().backward()
+    # with tying, the rows of absent tokens still get a gradient, through the output layer
+    assert tied.embed.weight.grad[10:].abs().sum() > 0
+    untied = TransformerLM(tiny("llama"))
+    assert untied.lm_head is not None and untied.lm_head.weight is not untied.embed.weight
+    untied(ids).sum().backward()
+    assert torch.equal(untied.embed.weight.grad[10:], torch.zeros(27, 24))
+    assert untied.lm_head.weight.grad[10:].abs().sum() > 0
+
+
+def test_builds_on_meta_device():
+    with torch.device("meta"):
+        model = TransformerLM(TransformerConfig.llama_style(n_layers=2))
+        z = model(torch.zeros(1, 8, dtype=torch.long))
+    assert z.device.type == "meta" and z.shape == (1, 8, 32000)
+
+
+# ---------------------------------------------------------------- gradients
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+def test_gradcheck_float64(style):
+    """Autograd against central finite differences for every parameter of a tiny model."""
+    c = (TransformerConfig.gpt2_style if style == "gpt2" else TransformerConfig.llama_style)(
+        vocab_size=5, d_model=4, n_layers=1, n_heads=2, max_seq_len=4, d_ff=6,
+        **({"n_kv_heads": 1} if style == "llama" else {}))
+    model = TransformerLM(c, generator=torch.Generator().manual_seed(0)).double()
+    model.set_fused_attention(False)
+    names = [n for n, _ in model.named_parameters()]
+    params = tuple(p.detach().clone().requires_grad_(True) for p in model.parameters())
+    for p in params:  # away from the init's exact zeros and ones
+        p.data.add_(0.3 * torch.randn(p.shape, dtype=torch.float64))
+    ids = torch.tensor([[1, 4, 0], [2, 2, 3]])
+
+    def f(*ps):
+        return functional_call(model, dict(zip(names, ps, strict=True)), (ids,))
+
+    assert torch.autograd.gradcheck(f, params, eps=1e-6, atol=1e-7, rtol=1e-5)

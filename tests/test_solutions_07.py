@@ -1,0 +1,76 @@
+"""The exercise solutions of notebooks/07_decoder hold."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from llmbook.hf_loading import randomize_parameters_
+from llmbook.model import TransformerConfig, TransformerLM
+from llmbook.sizing import count_parameters, flops_per_token, flops_shares
+
+PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "07_decoder.py"
+spec = importlib.util.spec_from_file_location("solutions_07", PATH)
+solutions = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(solutions)
+
+
+def test_exercise_1_width_for_budget():
+    exact, d = solutions.width_for_budget()
+    assert d == 1024 and abs(exact - 1024) < 32
+    c = TransformerConfig.gpt2_style(d_model=d, n_layers=24, n_heads=16)
+    assert count_parameters(c) == 354_823_168  # GPT-2 medium
+    # the exact root meets the budget: N is increasing in d, so N(floor) <= 350M <= N(ceil)
+    below = TransformerConfig.gpt2_style(d_model=int(exact), n_layers=24, n_heads=1)
+    above = TransformerConfig.gpt2_style(d_model=int(exact) + 1, n_layers=24, n_heads=1)
+    assert count_parameters(below) <= 350_000_000 <= count_parameters(above)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_exercise_2_interleaved_rope(family):
+    torch.manual_seed(0)
+    cls, cfg = (LlamaForCausalLM, LlamaConfig) if family == "llama" else (Qwen2ForCausalLM, Qwen2Config)
+    hf = cls(cfg(vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32))
+    randomize_parameters_(hf, 0.1, torch.Generator().manual_seed(1))
+    half = TransformerLM.from_hf(hf).double()
+    inter = solutions.interleave_rope(half)
+    assert inter.config.rope_interleaved and not half.config.rope_interleaved
+    assert not torch.equal(inter.blocks[0].attn.q_proj.weight, half.blocks[0].attn.q_proj.weight)
+    ids = torch.randint(0, 97, (2, 11), generator=torch.Generator().manual_seed(2))
+    assert torch.allclose(inter(ids), half(ids), rtol=0, atol=1e-12)
+    # the permutation is needed: the interleaved pairing with unpermuted weights differs
+    wrong = TransformerLM(inter.config).double()
+    wrong.load_state_dict(half.state_dict())
+    assert (wrong(ids) - half(ids)).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="already uses the interleaved pairing"):
+        solutions.interleave_rope(inter)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_exercise_3_backward_is_twice_forward(tied):
+    c = TransformerConfig.llama_style(vocab_size=50, d_model=32, n_layers=2, n_heads=4,
+                                      n_kv_heads=2, max_seq_len=16, tie_embeddings=tied)
+    model = TransformerLM(c)
+    ids = torch.randint(0, 50, (2, 9))
+    forward, both = solutions.training_flops(model, ids)
+    assert forward == 2 * 9 * flops_per_token(c, 9)
+    assert both == 3 * forward
+    model.embed.weight.requires_grad_(False)
+    _, frozen = solutions.training_flops(model, ids)
+    # untied: the first layer's input gradient is still needed (the norm gains train), so
+    # nothing changes; tied: the output layer's weight gradient, 2 d V per token, is skipped
+    assert frozen == both - (2 * 9 * 2 * c.d_model * c.vocab_size if tied else 0)
+
+
+def test_exercise_4_attention_crossover():
+    for c in (TransformerConfig.qwen2_style(), TransformerConfig.llama_style()):
+        T_star = solutions.attention_crossover(c)
+        f = flops_shares(c, 1)
+        others = f["total"] - f["attention_scores"]
+        assert T_star * 4 * c.n_layers * c.n_heads * c.d_head == others
+    q, ll = (float(solutions.attention_crossover(c)) for c in
+             (TransformerConfig.qwen2_style(), TransformerConfig.llama_style()))
+    assert 11000 < q < 12000 and 25000 < ll < 26000
