@@ -1,0 +1,373 @@
+"""FlashAttention in PyTorch: online softmax, its merge rule, exact tiled attention and its backward.
+
+Introduced in notebooks/14_flash_attention. Attention as written in chapter 4 materialises
+the (T_q, T_k) score matrix S = scale Q K^T and its softmax P; FlashAttention (Dao et al.,
+2022, "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness";
+Dao, 2023, "FlashAttention-2: Faster Attention with Better Parallelism and Work
+Partitioning") computes the *same* output block by block and never holds more than a
+(block_q, block_k) tile of S. What makes this possible is the online normaliser of
+Milakov & Gimelshein (2018, "Online normalizer calculation for softmax"): a block of scores
+s_1..s_n with values v_1..v_n is summarised by the state
+
+    m = max_j s_j,   l = sum_j exp(s_j - m),   o = sum_j exp(s_j - m) v_j,
+
+and two states of disjoint blocks merge into the state of their union (eq. of Dao et al.,
+2022, section 3.1):
+
+    m = max(m1, m2),  l = e^(m1 - m) l1 + e^(m2 - m) l2,  o = e^(m1 - m) o1 + e^(m2 - m) o2.
+
+The softmax-weighted average is o / l, and the log-sum-exp of the scores is m + log l. The
+merge is associative and commutative with identity (-inf, 0, 0), so blocks may be folded in
+any order and grouping.
+
+Contents:
+
+* :func:`softmax_state` and :func:`merge_softmax_states` - the state of a block and the merge;
+* :func:`online_softmax` - softmax over the last dimension, streaming over blocks;
+* :func:`flash_attention_reference` - exact tiled attention (forward), optionally with the
+  log-sum-exp L of every query row;
+* :func:`flash_attention_backward_reference` - the tiled backward that recomputes
+  P = exp(S - L) from L instead of storing it;
+* :func:`attention_hbm_accesses` - the IO counts of Dao et al.'s Theorem 2 for one head;
+* :func:`peak_memory_bytes` - the peak of tensor memory allocated while a function runs;
+* :func:`flash_attention_triton` - the Triton kernels of :mod:`llmbook.flash_triton`,
+  imported only when called.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "attention_hbm_accesses",
+    "flash_attention_backward_reference",
+    "flash_attention_reference",
+    "flash_attention_triton",
+    "merge_softmax_states",
+    "online_softmax",
+    "peak_memory_bytes",
+    "softmax_state",
+]
+
+State = tuple[Tensor, Tensor, Tensor | None]
+
+
+def _check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {name}={value}")
+    return value
+
+
+def _check_tensor(name: str, t: object, min_ndim: int = 1) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if t.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape "
+                         f"{tuple(t.shape)}")
+    return t
+
+
+# ------------------------------------------------------------------ online softmax
+
+
+def softmax_state(s: Tensor, v: Tensor | None = None) -> State:
+    """The online-softmax state (m, l, o) of a block of scores s (..., n), row by row.
+
+    m = max_j s_j (...), l = sum_j exp(s_j - m) (...), and, if values are given,
+    o = sum_j exp(s_j - m) v_j (..., d_v); otherwise o is None. For attention s is a tile
+    (..., r, n) of r query rows against n keys and v (..., n, d_v) holds the keys' values
+    (shared by the r rows); for a single row s (n,) and v (n, d_v). A row whose scores are
+    all -inf (fully masked) gets the identity state (-inf, 0, 0).
+    """
+    _check_tensor("s", s)
+    if s.shape[-1] == 0:
+        raise ValueError(f"s must hold at least one score in its last dimension, got shape "
+                         f"{tuple(s.shape)}")
+    m = s.amax(dim=-1)  # (...)
+    m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    p = torch.exp(s - m_safe.unsqueeze(-1))  # (..., n) unnormalised weights, <= 1
+    ell = p.sum(dim=-1)  # (...), the normaliser (the literature's l)
+    if v is None:
+        return m, ell, None
+    _check_tensor("v", v, min_ndim=2)
+    if v.shape[-2] != s.shape[-1] or v.shape[:-2] != s.shape[:-2]:
+        raise ValueError(f"v must have shape (*s.shape[:-2], n, d_v) for s of shape (..., r, n), "
+                         f"got s {tuple(s.shape)} and v {tuple(v.shape)}")
+    o = p @ v  # (..., r, d_v), or (d_v,) for a single row
+    return m, ell, o
+
+
+def merge_softmax_states(a: State, b: State) -> State:
+    """Merge the online-softmax states of two disjoint blocks into the state of their union.
+
+    Each state is (m, l, o) with m, l of shape (...) and o (..., d_v) or None (both or
+    neither). With m = max(m1, m2):
+
+        l = exp(m1 - m) l1 + exp(m2 - m) l2,   o = exp(m1 - m) o1 + exp(m2 - m) o2.
+
+    Milakov & Gimelshein (2018), eq. in Algorithm 3; Dao et al. (2022), section 3.1. The
+    state (-inf, 0, 0) of an empty (or fully masked) block is the identity.
+    """
+    if not (isinstance(a, tuple) and isinstance(b, tuple) and len(a) == 3 and len(b) == 3):
+        raise TypeError("merge_softmax_states takes two (m, l, o) tuples")
+    (m1, l1, o1), (m2, l2, o2) = a, b
+    for name, t in (("m1", m1), ("l1", l1), ("m2", m2), ("l2", l2)):
+        _check_tensor(name, t, min_ndim=0)
+    if not m1.shape == l1.shape == m2.shape == l2.shape:
+        raise ValueError(f"m and l of both states must have one shape, got m1 {tuple(m1.shape)}, "
+                         f"l1 {tuple(l1.shape)}, m2 {tuple(m2.shape)}, l2 {tuple(l2.shape)}")
+    if (o1 is None) != (o2 is None):
+        raise ValueError("either both states carry an output o or neither does")
+    if o1 is not None:
+        for name, t in (("o1", o1), ("o2", o2)):
+            _check_tensor(name, t)
+            if t.shape[:-1] != m1.shape:
+                raise ValueError(f"{name} must have shape (*m.shape, d_v) with m.shape = "
+                                 f"{tuple(m1.shape)}, got {tuple(t.shape)}")
+        if o1.shape != o2.shape:
+            raise ValueError(f"o1 and o2 must have one shape, got {tuple(o1.shape)} and "
+                             f"{tuple(o2.shape)}")
+    m = torch.maximum(m1, m2)  # (...)
+    m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # both empty: shift by 0
+    alpha, beta = torch.exp(m1 - m_safe), torch.exp(m2 - m_safe)  # rescale factors, <= 1
+    ell = alpha * l1 + beta * l2
+    o = None if o1 is None else alpha.unsqueeze(-1) * o1 + beta.unsqueeze(-1) * o2
+    return m, ell, o
+
+
+def online_softmax(x: Tensor, block: int = 128) -> Tensor:
+    """Softmax over the last dimension of x (..., n), computed by streaming over blocks.
+
+    One pass folds the state (m, l) of each block of ``block`` entries into a running state
+    with :func:`merge_softmax_states` (the online normaliser of Milakov & Gimelshein, 2018);
+    a second pass writes exp(x - m) / l. Equals ``torch.softmax(x, -1)``; n need not be a
+    multiple of ``block``.
+    """
+    _check_tensor("x", x)
+    block = _check_positive_int("block", block)
+    n = x.shape[-1]
+    if n == 0:
+        raise ValueError(f"x must have at least one entry in its last dimension, got shape "
+                         f"{tuple(x.shape)}")
+    m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)  # (...)
+    ell = torch.zeros_like(m)
+    for start in range(0, n, block):
+        m_b, l_b, _ = softmax_state(x[..., start:start + block])
+        m, ell, _ = merge_softmax_states((m, ell, None), (m_b, l_b, None))
+    return torch.exp(x - m.unsqueeze(-1)) / ell.unsqueeze(-1)  # (..., n)
+
+
+# ------------------------------------------------------------------ tiled attention
+
+
+def _check_attention_inputs(q: object, k: object, v: object) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t, min_ndim=2)
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same last dimension d_k, got q {tuple(q.shape)} "
+                         f"and k {tuple(k.shape)}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same number of positions T_k, got k "
+                         f"{tuple(k.shape)} and v {tuple(v.shape)}")
+    if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+        raise ValueError(f"q, k and v must have equal leading dimensions, got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if 0 in (q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]):
+        raise ValueError(f"q, k and v must have T >= 1 and d >= 1, got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def _causal_keep(i0: int, i1: int, j0: int, j1: int, device: torch.device) -> Tensor:
+    """(i1 - i0, j1 - j0) booleans: query i may see key j when j <= i (top-left aligned)."""
+    i = torch.arange(i0, i1, device=device)[:, None]
+    j = torch.arange(j0, j1, device=device)[None, :]
+    return j <= i
+
+
+def flash_attention_reference(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
+                              block_q: int = 64, block_k: int = 64, scale: float | None = None,
+                              return_lse: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """Exact attention softmax(scale q k^T) v, computed tile by tile (FlashAttention's forward).
+
+    q (..., T_q, d_k), k (..., T_k, d_k), v (..., T_k, d_v) with equal leading dimensions
+    (e.g. (B, H, T, d)); returns the output (..., T_q, d_v) and, if ``return_lse``, the
+    log-sum-exp L (..., T_q) of every query row's scaled scores. ``scale`` defaults to
+    1/sqrt(d_k); ``is_causal`` masks top-left aligned (query i sees keys j <= i), as
+    ``torch.nn.functional.scaled_dot_product_attention`` does.
+
+    For each block of ``block_q`` queries the state (m, l, o) starts empty and takes in one
+    block of ``block_k`` keys at a time (Dao et al., 2022, Algorithm 1, in the loop order of
+    FlashAttention-2); the largest intermediate is a (block_q, block_k) tile of scores, never
+    the (T_q, T_k) matrix. With a causal mask, key blocks entirely in a query block's future
+    are skipped, and only blocks that cross the diagonal are masked. T need not be a multiple
+    of the block sizes. Differentiable by autograd (through the tiles).
+    """
+    _check_attention_inputs(q, k, v)
+    block_q = _check_positive_int("block_q", block_q)
+    block_k = _check_positive_int("block_k", block_k)
+    T_q, T_k = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    outs, lses = [], []
+    for i0 in range(0, T_q, block_q):
+        i1 = min(i0 + block_q, T_q)
+        q_i = q[..., i0:i1, :]  # (..., Bq, d_k)
+        m = torch.full(q_i.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)  # (..., Bq)
+        ell = torch.zeros_like(m)
+        o = torch.zeros(*q_i.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+        k_end = min(i1, T_k) if is_causal else T_k  # keys j >= i1 are every row's future
+        for j0 in range(0, k_end, block_k):
+            j1 = min(j0 + block_k, T_k)
+            s = scale * (q_i @ k[..., j0:j1, :].transpose(-2, -1))  # (..., Bq, Bk)
+            if is_causal and j1 - 1 > i0:  # the tile crosses the diagonal
+                s = s.masked_fill(~_causal_keep(i0, i1, j0, j1, q.device), float("-inf"))
+            m, ell, o = merge_softmax_states((m, ell, o), softmax_state(s, v[..., j0:j1, :]))
+        outs.append(o / ell.unsqueeze(-1))  # (..., Bq, d_v)
+        lses.append(m + torch.log(ell))  # (..., Bq)
+    out = torch.cat(outs, dim=-2)  # (..., T_q, d_v)
+    return (out, torch.cat(lses, dim=-1)) if return_lse else out
+
+
+def flash_attention_backward_reference(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                                       grad_out: Tensor, is_causal: bool = False,
+                                       block_q: int = 64, block_k: int = 64,
+                                       scale: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients (dq, dk, dv) of O = softmax(scale q k^T) v, tile by tile, recomputing P.
+
+    Shapes as in :func:`flash_attention_reference`; ``out`` (..., T_q, d_v) and ``lse``
+    (..., T_q) are what its forward returned and ``grad_out`` = dL/dO (..., T_q, d_v). No
+    (T_q, T_k) matrix is stored: for each tile the probabilities are recomputed from the
+    saved log-sum-exp, P = exp(S - L), and with D = rowsum(dO * O) (computed once)
+
+        dV += P^T dO,  dP = dO V^T,  dS = P * (dP - D),  dQ += scale dS K,  dK += scale dS^T Q
+
+    (Dao et al., 2022, Algorithm 4, in the loop order of FlashAttention-2: key blocks
+    outside, query blocks inside).
+    """
+    _check_attention_inputs(q, k, v)
+    for name, t in (("out", out), ("lse", lse), ("grad_out", grad_out)):
+        _check_tensor(name, t)
+    o_shape = (*q.shape[:-1], v.shape[-1])
+    if out.shape != o_shape or grad_out.shape != o_shape or lse.shape != q.shape[:-1]:
+        raise ValueError(f"need out and grad_out of shape {o_shape} and lse of shape "
+                         f"{tuple(q.shape[:-1])}, got out {tuple(out.shape)}, grad_out "
+                         f"{tuple(grad_out.shape)} and lse {tuple(lse.shape)}")
+    block_q = _check_positive_int("block_q", block_q)
+    block_k = _check_positive_int("block_k", block_k)
+    T_q, T_k = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    D = (grad_out * out).sum(dim=-1)  # (..., T_q)
+    dq = torch.zeros_like(q)
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    for j0 in range(0, T_k, block_k):
+        j1 = min(j0 + block_k, T_k)
+        k_j, v_j = k[..., j0:j1, :], v[..., j0:j1, :]  # (..., Bk, d)
+        first_q = (j0 // block_q) * block_q if is_causal else 0  # earlier queries cannot see j0
+        for i0 in range(first_q, T_q, block_q):
+            i1 = min(i0 + block_q, T_q)
+            s = scale * (q[..., i0:i1, :] @ k_j.transpose(-2, -1))  # (..., Bq, Bk)
+            p = torch.exp(s - lse[..., i0:i1, None])  # (..., Bq, Bk), recomputed
+            if is_causal and j1 - 1 > i0:
+                p = p.masked_fill(~_causal_keep(i0, i1, j0, j1, q.device), 0.0)
+            do_i = grad_out[..., i0:i1, :]  # (..., Bq, d_v)
+            dv[..., j0:j1, :] += p.transpose(-2, -1) @ do_i
+            dp = do_i @ v_j.transpose(-2, -1)  # (..., Bq, Bk)
+            ds = p * (dp - D[..., i0:i1, None])  # (..., Bq, Bk)
+            dq[..., i0:i1, :] += scale * (ds @ k_j)
+            dk[..., j0:j1, :] += scale * (ds.transpose(-2, -1) @ q[..., i0:i1, :])
+    return dq, dk, dv
+
+
+# ------------------------------------------------------------------ IO and memory
+
+
+def attention_hbm_accesses(T: int, d: int, sram: int) -> dict[str, int]:
+    """Elements read from and written to HBM by one head of attention, T queries and keys.
+
+    ``standard`` is Dao et al.'s (2022) Algorithm 0: read Q, K, write S; read S, write P;
+    read P, V, write O: 4 T d + 4 T^2, that is Theta(T d + T^2). ``flash`` is the tiled
+    forward with query blocks of B_r = floor(sram / (4 d)) rows (a block of Q, of O, of K and
+    of V fit in an SRAM of ``sram`` elements): Q read and O written once (2 T d), the
+    log-sum-exp written once (T), and K and V read once per query block,
+    2 T d ceil(T / B_r), which is Theta(T^2 d^2 / M) for M = sram (their Theorem 2).
+    Returns both counts and ``block_q`` = B_r. Needs 4 d <= sram.
+    """
+    T, d, sram = (_check_positive_int(n, x) for n, x in (("T", T), ("d", d), ("sram", sram)))
+    if sram < 4 * d:
+        raise ValueError(f"sram={sram} elements cannot hold four blocks of width d={d}; need "
+                         f"sram >= 4 d = {4 * d}")
+    block_q = sram // (4 * d)
+    n_blocks = -(-T // block_q)
+    return {"standard": 4 * T * d + 4 * T * T,
+            "flash": 2 * T * d + T + 2 * T * d * n_blocks,
+            "block_q": block_q}
+
+
+class _SilencedStderr:
+    """Redirect file descriptor 2 to /dev/null (the profiler's C++ layer logs start/stop)."""
+
+    def __enter__(self) -> None:
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        self.devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(self.devnull, 2)
+
+    def __exit__(self, *exc: object) -> None:
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        os.close(self.devnull)
+
+
+def peak_memory_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+    """Peak bytes of tensor memory allocated by ``fn(*args, **kwargs)`` above what was live.
+
+    Runs ``fn`` under ``torch.profiler`` with memory profiling; every allocation and free of
+    the PyTorch allocator is an event with a signed size, and the peak is the largest
+    running sum over the events in time order. The sizes and their order do not depend on
+    timing, so on one machine the result is deterministic; the inputs (allocated before)
+    are not counted, the output (still live at the end) is.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    from torch.profiler import ProfilerActivity, profile
+
+    with _SilencedStderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn(*args, **kwargs)
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())  # stable: ties keep the recorded order
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+# ------------------------------------------------------------------ Triton
+
+
+def flash_attention_triton(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
+                           scale: float | None = None, block_m: int | None = None,
+                           block_n: int | None = None) -> Tensor:
+    """FlashAttention-2 as Triton kernels, differentiable: see :mod:`llmbook.flash_triton`.
+
+    q, k, v (..., T, d) in float32, float16 or bfloat16 with equal leading dimensions and
+    d_k = d_v; returns softmax(scale q k^T) v (..., T_q, d). The forward kernel saves the
+    log-sum-exp of each row, the backward kernels recompute P from it. Needs ``triton``
+    (Linux); on the CPU, set ``TRITON_INTERPRET=1`` before the first import of triton.
+    """
+    from llmbook import flash_triton  # imported here, so this module works without triton
+
+    return flash_triton.flash_attention(q, k, v, is_causal=is_causal, scale=scale,
+                                        block_m=block_m, block_n=block_n)

@@ -1,0 +1,511 @@
+# %% [markdown]
+# # 14 FlashAttention
+#
+# Chapter 4 computed attention the way the formula reads: form the $T \times T$ scores
+# $S = QK^\top/\sqrt{d_k}$, take the softmax $P$ row by row, multiply by $V$. On a GPU that
+# is slow, and the reason is not arithmetic. A GPU does its sums in a small, fast on-chip
+# memory (SRAM: a few hundred KB per streaming multiprocessor) and keeps its tensors in a
+# large, slower one (HBM: tens of GB, about ten times less bandwidth than the cores can
+# consume). The $T^2$ matrices $S$ and $P$ do not fit on chip, so they travel to HBM and
+# back, and for long sequences that traffic, not the FLOPs, sets the run time.
+#
+# FlashAttention (Dao et al., 2022, "FlashAttention: Fast and Memory-Efficient Exact
+# Attention with IO-Awareness"; Dao, 2023, "FlashAttention-2") computes the *same* output
+# without ever writing $S$ or $P$: it walks over tiles of keys and keeps, for each query, a
+# running softmax state. This chapter builds it up:
+#
+# 1. the IO count: $\Theta(Td + T^2)$ HBM accesses against $\Theta(T^2 d^2 / M)$;
+# 2. the online softmax and its merge rule, proved exact (and associative) in SymPy;
+# 3. exact tiled attention in PyTorch, with its peak memory measured: $O(T)$ against $O(T^2)$;
+# 4. the backward pass that recomputes $P$ from a saved log-sum-exp, derived in SymPy;
+# 5. the forward and backward as Triton kernels, run here on the CPU by the Triton
+#    interpreter and checked against naive attention to $10^{-5}$; timed on a GPU by
+#    `benchmarks/flash.py` against PyTorch's own fused attention.
+
+# %%
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # run the Triton kernels on the CPU; set before triton loads
+
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import sympy as sp
+import torch
+import torch.nn.functional as F
+from IPython.display import Math, display
+
+from llmbook import flash_triton
+from llmbook.attention import causal_mask, scaled_dot_product_attention
+from llmbook.flash import (
+    attention_hbm_accesses,
+    flash_attention_backward_reference,
+    flash_attention_reference,
+    flash_attention_triton,
+    merge_softmax_states,
+    online_softmax,
+    peak_memory_bytes,
+    softmax_state,
+)
+from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+
+g = seed_everything(0)
+torch.set_num_threads(1)  # small tensors; one thread keeps the memory events in one order
+
+# %% [markdown]
+# ## 14.1 Why memory, not FLOPs
+#
+# Count what moves between HBM and the chip for one head, $T$ queries and keys of width
+# $d$, with an SRAM of $M$ elements ($d \le M \le Td$). The standard algorithm (Dao et al.,
+# 2022, Algorithm 0) runs in three passes: read $Q, K$, write $S$; read $S$, write $P$;
+# read $P, V$, write $O$. That is $4Td + 4T^2$ elements.
+#
+# The tiled algorithm keeps a block of $B_r$ queries, their output accumulator, and one block
+# of keys and values on chip, so $4 B_r d \le M$ and $B_r = \lfloor M / 4d \rfloor$. It reads
+# $Q$ and writes $O$ once ($2Td$), writes one log-sum-exp per row ($T$), and streams all of
+# $K$ and $V$ once per query block: $2Td \lceil T / B_r \rceil$. **Theorem 2** of Dao et al.
+# (2022): standard attention needs $\Theta(Td + T^2)$ HBM accesses, FlashAttention
+# $\Theta(T^2 d^2 M^{-1})$; and (their Proposition 3) no exact algorithm does
+# asymptotically better for every $M$ in that range. Up to constant factors, the $T^2$
+# term is multiplied by $d^2/M$, which is about 0.04 for $d = 64$ and $M$ around $10^5$.
+
+# %%
+show_source(attention_hbm_accesses)
+
+# %% [markdown]
+# A concrete case: $T = 4096$, $d = 64$ and $M = 98\,304$ elements, the 192 KB of SRAM of
+# an A100 streaming multiprocessor (Dao et al., 2022, section 2.1) in 16-bit numbers. The
+# closed form is checked against an explicit walk over the query blocks, and the
+# $\Theta(T^2 d^2/M)$ scaling against a doubling of $M$:
+
+# %%
+T_ex, d_ex, M_ex = 4096, 64, 98304
+counts = attention_hbm_accesses(T_ex, d_ex, M_ex)
+B_r = counts["block_q"]
+walk = sum(2 * min(B_r, T_ex - i0) * d_ex + min(B_r, T_ex - i0) + 2 * T_ex * d_ex
+           for i0 in range(0, T_ex, B_r))  # per block: Q_i in, O_i and L_i out, all of K, V in
+print(f"B_r = {B_r}; standard {counts['standard']:,} elements, tiled {counts['flash']:,}; "
+      f"ratio {counts['standard'] / counts['flash']:.2f}")
+checks = Checks("HBM accesses")
+checks.equal("tiled count = walk over the blocks", walk, counts["flash"])
+checks.equal("standard = 4Td + 4T^2", 4 * T_ex * d_ex + 4 * T_ex**2, counts["standard"])
+quad = [attention_hbm_accesses(T_ex, d_ex, m)["flash"] - 3 * T_ex * d_ex for m in (M_ex, 4 * M_ex)]
+checks.close("4x the SRAM: the T^2 d^2/M term / 4", 4.0, quad[0] / quad[1], tol=0.2)
+checks
+
+# %% [markdown]
+# Both algorithms do the same $4T^2 d$ FLOPs (two matrix products). Put them beside the
+# traffic on an A100 (Dao et al., 2022, section 2.1: HBM at 1.5 to 2 TB/s; NVIDIA's
+# datasheet: 312 TFLOP/s of 16-bit tensor-core arithmetic), with 2 bytes per element:
+
+# %%
+hbm_bytes_per_s, flop_per_s = 1.5e12, 312e12
+t_flops = 4 * T_ex**2 * d_ex / flop_per_s
+for name in ("standard", "flash"):
+    t_mem = 2 * counts[name] / hbm_bytes_per_s
+    print(f"{name:8s}: memory traffic {t_mem * 1e6:5.1f} us, arithmetic {t_flops * 1e6:5.1f} us "
+          f"-> bound by {'memory' if t_mem > t_flops else 'arithmetic'}")
+
+# %% [markdown]
+# The standard algorithm spends most of its time waiting for HBM; the tiled one moves less
+# data than its arithmetic takes to consume, so it is limited by the tensor cores instead.
+
+# %% [markdown]
+# ## 14.2 The online softmax
+#
+# The softmax of a row needs its maximum (for stability) and its normaliser, both of which
+# seem to need the whole row. Milakov & Gimelshein (2018, "Online normalizer calculation
+# for softmax") showed that they do not. Summarise a block of scores $s_j$ with values $v_j$
+# by the **state**
+#
+# $$ m = \max_j s_j, \qquad \ell = \sum_j e^{s_j - m}, \qquad o = \sum_j e^{s_j - m} v_j . $$
+#
+# Two blocks' states merge into the state of their union by rescaling each to the common
+# maximum $m = \max(m_1, m_2)$:
+#
+# $$ \ell = e^{m_1 - m}\ell_1 + e^{m_2 - m}\ell_2, \qquad o = e^{m_1 - m} o_1 + e^{m_2 - m} o_2 , $$
+#
+# and at the end $o / \ell$ is the softmax-weighted average and $m + \log \ell$ the
+# log-sum-exp. SymPy proves that the merge gives exactly the softmax-weighted sum of a row
+# of five scores split 2 + 3, with the maxima left symbolic (`Max`):
+
+# %%
+s = sp.symbols("s1:6", real=True)
+v = sp.symbols("v1:6", real=True)
+
+
+def state(idx):
+    """(m, l, o) of the scores s_i, i in idx, symbolically."""
+    m = sp.Max(*[s[i] for i in idx])
+    return m, sum(sp.exp(s[i] - m) for i in idx), sum(sp.exp(s[i] - m) * v[i] for i in idx)
+
+
+def merge(a, b):
+    m = sp.Max(a[0], b[0])
+    return m, sp.exp(a[0] - m) * a[1] + sp.exp(b[0] - m) * b[1], \
+        sp.exp(a[0] - m) * a[2] + sp.exp(b[0] - m) * b[2]
+
+
+def is_zero(expr):
+    return sp.simplify(sp.powsimp(sp.expand(expr))) == 0
+
+
+m_, l_, o_ = merge(state([0, 1]), state([2, 3, 4]))
+softmax_avg = sum(sp.exp(s[i]) * v[i] for i in range(5)) / sum(sp.exp(s[i]) for i in range(5))
+assert is_zero(o_ / l_ - softmax_avg)
+assert is_zero(m_ + sp.log(l_) - sp.log(sum(sp.exp(si) for si in s)))
+display(Math(r"\frac{o}{\ell} = " + sp.latex(sp.simplify(sp.powsimp(sp.expand(o_ / l_))))))
+
+# %% [markdown]
+# Because the merge is **associative** and **commutative**, a row may be cut into blocks
+# anywhere and the blocks folded in any grouping and order: one GPU program may walk the
+# keys left to right, another may split them between programs and merge at the end
+# (exercise 2). The empty state $(-\infty, 0, 0)$ is its identity, so the states form a
+# commutative monoid. SymPy checks the three laws:
+
+# %%
+a, b, c = state([0]), state([1, 2]), state([3, 4])
+assoc = [is_zero(x - y) for x, y in zip(merge(merge(a, b), c), merge(a, merge(b, c)), strict=True)]
+commut = [is_zero(x - y) for x, y in zip(merge(a, b), merge(b, a), strict=True)]
+identity = merge((sp.S.NegativeInfinity, 0, 0), b)
+checks = Checks("merge rule, symbolic")
+checks.true("exact: o/l = softmax average, m + log l = LSE", True)
+checks.true("associative (m, l, o)", all(assoc))
+checks.true("commutative (m, l, o)", all(commut))
+checks.true("(-inf, 0, 0) is the identity", all(is_zero(x - y) for x, y in zip(identity[1:], b[1:],
+                                                                               strict=True)))
+checks
+
+# %% [markdown]
+# The package implements the state of a block and the merge, with the empty state handled
+# (a fully masked row has $m = -\infty$, and $e^{-\infty - (-\infty)}$ would be NaN), and the
+# two-pass online softmax on top of them:
+
+# %%
+show_source(merge_softmax_states)
+
+# %%
+show_source(online_softmax)
+
+# %%
+x = 30 * torch.randn(4, 1000, generator=g, dtype=torch.float64)  # scores far beyond exp's range
+checks = Checks("online softmax")
+for block in (1, 7, 128, 1000):
+    checks.close(f"block {block} vs torch.softmax", torch.softmax(x, -1), online_softmax(x, block),
+                 tol=1e-15)
+parts = [softmax_state(x[:, j:j + 300], torch.eye(1000, dtype=torch.float64)[j:j + 300])
+         for j in range(0, 1000, 300)]  # values e_j: o / l recovers the softmax itself
+m_r, l_r, o_r = parts[0]
+for part in parts[1:]:
+    m_r, l_r, o_r = merge_softmax_states((m_r, l_r, o_r), part)
+checks.close("merged states: o/l = softmax", torch.softmax(x, -1), o_r / l_r[:, None], tol=1e-15)
+checks
+
+# %% [markdown]
+# ## 14.3 Exact tiled attention
+#
+# Apply the state to attention. For a block of $B_r$ queries start with the empty state and
+# fold in one block of $B_c$ keys at a time: the scores of the tile are
+# $S_{ij} = Q_i K_j^\top / \sqrt{d_k}$, a $B_r \times B_c$ matrix, and the state of the tile
+# merges into the running one. After the last key block, $O_i = o / \ell$ and
+# $L_i = m + \log \ell$. This is Algorithm 1 of Dao et al. (2022) with the loops in the
+# order of FlashAttention-2 (queries outside, keys inside), so each query block is
+# finished, and written, once. With a causal mask, a key block entirely to the right of
+# the diagonal is never visited (about half of them), and only the tiles that cross the
+# diagonal are masked.
+
+# %%
+show_source(flash_attention_reference)
+
+# %% [markdown]
+# Against chapter 4's naive attention and PyTorch's `scaled_dot_product_attention`, in
+# float32, with $T = 37$ (not a multiple of the 16-wide blocks), $T_q \ne T_k$ and
+# $d_k \ne d_v$; gradients by autograd through the tiles against autograd through naive
+# attention:
+
+# %%
+def grads(fn, q, k, v, do, **kw):
+    """Output and (dq, dk, dv) of fn by autograd, for an upstream gradient do."""
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v, **kw)
+    return [out, *torch.autograd.grad(out, (q, k, v), do)]
+
+
+checks = Checks("tiled attention (PyTorch) vs naive, float32")
+for T_q, T_k, d_v, causal in ((37, 37, 16, False), (37, 37, 16, True), (29, 53, 24, False)):
+    q, k, v = (torch.randn(2, 3, T, d, generator=g) for T, d in ((T_q, 16), (T_k, 16), (T_k, d_v)))
+    do = torch.randn(2, 3, T_q, d_v, generator=g)
+    ours = grads(flash_attention_reference, q, k, v, do, is_causal=causal, block_q=16, block_k=16)
+    naive = grads(scaled_dot_product_attention, q, k, v, do, is_causal=causal)
+    torch_ = grads(F.scaled_dot_product_attention, q, k, v, do, is_causal=causal)
+    tag = f"T_q={T_q} T_k={T_k}{' causal' if causal else ''}"
+    for name, a_, b_, c_ in zip(("out", "dq", "dk", "dv"), ours, naive, torch_, strict=True):
+        checks.close(f"{tag}: {name} vs naive", b_, a_, tol=1e-5)
+        checks.close(f"{tag}: {name} vs torch SDPA", c_, a_, tol=1e-5)
+checks
+
+# %% [markdown]
+# ### Peak memory: $O(T)$ against $O(T^2)$
+#
+# `peak_memory_bytes` runs a function under `torch.profiler` with memory profiling: every
+# allocation and free of PyTorch's allocator is an event with a size, and the peak is the
+# largest running sum. The sizes and their order do not depend on timing, so the numbers
+# below are the same on every run. One head, $d = 64$, float32, blocks of 128:
+
+# %%
+show_source(peak_memory_bytes)
+
+# %%
+T_mem = [256, 512, 1024, 2048, 4096]
+peaks = {"naive": [], "tiled": []}
+for T in T_mem:
+    q, k, v = (torch.randn(1, 1, T, 64, generator=g) for _ in range(3))
+    peaks["naive"].append(peak_memory_bytes(scaled_dot_product_attention, q, k, v))
+    peaks["tiled"].append(peak_memory_bytes(flash_attention_reference, q, k, v, block_q=128,
+                                            block_k=128))
+print(f"{'T':>6s}{'naive MiB':>12s}{'tiled MiB':>12s}{'8 T^2 bytes, MiB':>18s}")
+for T, a_, b_ in zip(T_mem, peaks["naive"], peaks["tiled"], strict=True):
+    print(f"{T:6d}{a_ / 2**20:12.3f}{b_ / 2**20:12.3f}{8 * T * T / 2**20:18.3f}")
+
+# %% [markdown]
+# Naive attention peaks at exactly two $T \times T$ float32 matrices (the scores and the
+# probabilities, alive together inside the softmax), 128 MiB per head at $T = 4096$. The tiled
+# version peaks at about twice its $T \times d$ output (the per-block outputs and their
+# concatenation) plus a few $128 \times 128$ tiles: 2.1 MiB. The slopes on a log-log
+# scale are the exponents:
+
+# %%
+slope = {name: np.polyfit(np.log(T_mem[2:]), np.log(p[2:]), 1)[0] for name, p in peaks.items()}
+checks = Checks("peak memory")
+checks.close("naive: peak / (2 * 4 T^2 bytes) at T=4096", 1.0, peaks["naive"][-1] / (8 * 4096**2),
+             tol=1e-6)
+checks.close("naive: log-log slope", 2.0, slope["naive"], tol=0.01)
+checks.close("tiled: log-log slope", 1.0, slope["tiled"], tol=0.15)
+checks.true("tiled peak < 1/50 of naive at T=4096", peaks["tiled"][-1] * 50 < peaks["naive"][-1],
+            got=peaks["naive"][-1] / peaks["tiled"][-1])
+checks
+
+# %%
+fig, ax = plt.subplots(figsize=(6, 4))
+for name, marker in (("naive", "o"), ("tiled", "s")):
+    ax.loglog(T_mem, np.array(peaks[name]) / 2**20, marker=marker,
+              label=f"{name} (slope {slope[name]:.2f})")
+ax.loglog(T_mem, 8 * np.array(T_mem, dtype=float) ** 2 / 2**20, "k:", label=r"$2 \times 4T^2$ bytes")
+ax.set(xlabel="sequence length T (tokens)", ylabel="peak allocated memory (MiB)",
+       title="Attention peak memory, one head, d = 64, float32 (CPU)")
+ax.set_xticks(T_mem, [str(T) for T in T_mem], minor=False)
+ax.xaxis.set_minor_formatter(plt.NullFormatter())
+ax.legend()
+save_figure(fig, "14_flash_attention_memory")
+plt.show()
+
+# %% [markdown]
+# The naive curve lies on the $8T^2$ line: every doubling of $T$ quadruples the memory.
+# The tiled curve grows linearly and is a factor of 60 lower at $T = 4096$; at $T = 128$k
+# the naive version would need 128 GiB per head, the tiled one about 64 MiB.
+
+# %% [markdown]
+# ## 14.4 The backward pass: recompute, do not store
+#
+# Autograd through the tiles (as above) works but saves every tile, which is again $T^2$
+# memory. FlashAttention's backward saves only $O$ and the log-sum-exp $L$ (one number per
+# row) and **recomputes** each tile of probabilities as $P_{ij} = e^{S_{ij} - L_i}$: extra
+# FLOPs, but no $T^2$ traffic. With $O = PV$ and the upstream gradient
+# $dO = \partial\mathcal L/\partial O$ (chapter 8):
+#
+# $$ dV = P^\top dO, \qquad dP = dO\,V^\top, \qquad dS = P \odot (dP - D), \qquad
+#    dQ = \tfrac{1}{\sqrt{d_k}}\, dS\, K, \qquad dK = \tfrac{1}{\sqrt{d_k}}\, dS^\top Q , $$
+#
+# where $D_i = \sum_j P_{ij}\, dP_{ij}$ comes from the softmax Jacobian
+# $\partial P_{ij}/\partial S_{ik} = P_{ij}(\delta_{jk} - P_{ik})$. SymPy derives $dS$ for one
+# row of three scores, and then shows the identity that makes $D$ cheap:
+# $D_i = \sum_j P_{ij}\, dP_{ij} = \sum_c dO_{ic}\, O_{ic}$, a row sum over $d$ entries of two
+# tensors the backward has anyway, instead of over $T$ entries of $P$.
+
+# %%
+S_row = sp.symbols("S1:4", real=True)
+dP_row = sp.symbols("dP1:4", real=True)  # upstream gradient dL/dP of one row
+P_row = [sp.exp(si) / sum(sp.exp(sj) for sj in S_row) for si in S_row]
+loss = sum(gp * p for gp, p in zip(dP_row, P_row, strict=True))  # L linear in P: dL/dP = dP
+D_row = sum(p * gp for p, gp in zip(P_row, dP_row, strict=True))
+dS_formula = [P_row[k] * (dP_row[k] - D_row) for k in range(3)]
+assert all(sp.simplify(sp.diff(loss, S_row[k]) - dS_formula[k]) == 0 for k in range(3))
+
+P_m = sp.Matrix(2, 3, sp.symbols("P1:7"))  # (T_q, T_k) = (2, 3)
+V_m = sp.Matrix(3, 2, sp.symbols("V1:7"))  # (T_k, d) = (3, 2)
+dO_m = sp.Matrix(2, 2, sp.symbols("dO1:5"))  # (T_q, d)
+dP_m, O_m = dO_m * V_m.T, P_m * V_m
+D_P = [sum(P_m[i, j] * dP_m[i, j] for j in range(3)) for i in range(2)]
+D_O = [sum(dO_m[i, c] * O_m[i, c] for c in range(2)) for i in range(2)]
+assert all(sp.expand(x - y) == 0 for x, y in zip(D_P, D_O, strict=True))
+display(Math(r"\frac{\partial \mathcal L}{\partial S_1} = " + sp.latex(sp.factor(dS_formula[0]))
+             + r",\qquad D_1 = \operatorname{rowsum}(P \odot dP)_1 = " + sp.latex(sp.expand(D_O[0]))))
+
+# %% [markdown]
+# The tiled backward in PyTorch: key blocks outside (each block's $dK_j$, $dV_j$ is complete
+# when its loop ends), query blocks inside, $P$ recomputed from $L$ in every tile:
+
+# %%
+show_source(flash_attention_backward_reference)
+
+# %%
+checks = Checks("tiled backward (recomputing P) vs autograd, float64")
+for T, causal in ((37, False), (37, True)):
+    q, k, v, do = (torch.randn(2, 2, T, 16, generator=g, dtype=torch.float64) for _ in range(4))
+    out, lse = flash_attention_reference(q, k, v, is_causal=causal, block_q=16, block_k=16,
+                                         return_lse=True)
+    ours = flash_attention_backward_reference(q, k, v, out, lse, do, is_causal=causal,
+                                              block_q=16, block_k=16)
+    auto = grads(F.scaled_dot_product_attention, q, k, v, do, is_causal=causal)[1:]
+    for name, a_, b_ in zip(("dq", "dk", "dv"), auto, ours, strict=True):
+        checks.close(f"T={T}{' causal' if causal else ''}: {name}", a_, b_, tol=1e-12)
+scores = (q @ k.transpose(-2, -1) / 4).masked_fill(~causal_mask(T), -torch.inf)  # 1/sqrt(16)
+checks.close("L = logsumexp of the scaled scores", torch.logsumexp(scores, -1), lse, tol=1e-12)
+checks
+
+# %% [markdown]
+# ## 14.5 The forward kernel in Triton
+#
+# Triton (Tillet et al., 2019, "Triton: An Intermediate Language and Compiler for Tiled
+# Neural Network Computations") writes GPU kernels as Python functions over *blocks*: a
+# program loads a tile with `tl.load`, multiplies tiles with `tl.dot` (tensor cores, here
+# with float32 accumulation), and stores. The forward kernel is the tiled loop above, one
+# program per (batch·head, block of queries), the state $(m, \ell, \text{acc})$ in
+# registers. Two GPU habits show: exponentials in base 2 ($e^x = 2^{x \log_2 e}$, with
+# $\log_2 e$ folded into the scale), and, for a causal mask, the key blocks left of the
+# diagonal run without any mask, only the diagonal ones are masked.
+
+# %%
+show_source(flash_triton._forward_inner.fn)
+
+# %%
+show_source(flash_triton._flash_forward_kernel.fn)
+
+# %% [markdown]
+# ## 14.6 The backward kernels
+#
+# The backward follows FlashAttention-2 (Dao, 2023, Algorithm 2) in two kernels, after a
+# small one that computes $D = \operatorname{rowsum}(dO \odot O)$: one program per key block
+# accumulates $dK_j$ and $dV_j$ over the query blocks (it works with transposed tiles, keys as
+# rows), one program per query block accumulates $dQ_i$ over the key blocks. Each output is
+# written once by one program, so there are no atomic additions and the result is
+# deterministic; the price is computing $P$ and $dP$ twice.
+
+# %%
+show_source(flash_triton._flash_backward_dkdv_kernel.fn)
+
+# %%
+show_source(flash_triton._flash_backward_dq_kernel.fn)
+
+# %% [markdown]
+# A `torch.autograd.Function` ties them together: its forward launches the forward kernel and
+# saves $(Q, K, V, O, L)$, nothing of size $T^2$; its backward launches the three backward
+# kernels.
+
+# %%
+show_source(flash_triton.FlashAttentionFunction)
+
+# %% [markdown]
+# Here `TRITON_INTERPRET=1` makes Triton run each program in NumPy on the CPU: slow (every
+# program is a Python call), but the same kernel source. Against naive attention in float32,
+# forward and gradients, with $T$ not a multiple of the 16-wide blocks:
+
+# %%
+checks = Checks("Triton kernels (interpreter) vs naive, float32")
+for T_q, T_k, d, causal in ((37, 37, 16, False), (37, 37, 16, True), (29, 50, 32, False)):
+    q, k, v, do = (torch.randn(1, 2, T, d, generator=g) for T in (T_q, T_k, T_k, T_q))
+    ours = grads(flash_attention_triton, q, k, v, do, is_causal=causal)
+    naive = grads(scaled_dot_product_attention, q, k, v, do, is_causal=causal)
+    torch_ = grads(F.scaled_dot_product_attention, q, k, v, do, is_causal=causal)
+    tag = f"T_q={T_q} T_k={T_k} d={d}{' causal' if causal else ''}"
+    for name, a_, b_, c_ in zip(("out", "dq", "dk", "dv"), ours, naive, torch_, strict=True):
+        checks.close(f"{tag}: {name} vs naive", b_, a_, tol=1e-5)
+        checks.close(f"{tag}: {name} vs torch SDPA", c_, a_, tol=1e-5)
+checks
+
+# %% [markdown]
+# In 16-bit inputs the kernels round like PyTorch does: their error against a float32
+# computation is of the size of PyTorch's own in that dtype.
+
+# %%
+checks = Checks("Triton kernels in 16-bit vs float32 attention")
+for dtype in (torch.float16, torch.bfloat16):
+    q, k, v, do = (torch.randn(1, 2, 48, 32, generator=g).to(dtype) for _ in range(4))
+    exact = grads(F.scaled_dot_product_attention, q.float(), k.float(), v.float(), do.float(),
+                  is_causal=True)
+    ours = grads(flash_attention_triton, q, k, v, do, is_causal=True)
+    torch_ = grads(F.scaled_dot_product_attention, q, k, v, do, is_causal=True)
+    tag = str(dtype).replace("torch.", "")
+    for name, e_, o_, t_ in zip(("out", "dq", "dk", "dv"), exact, ours, torch_, strict=True):
+        err_torch = (t_.float() - e_).abs().max().item()
+        checks.close(f"{tag} {name} (tol: 2x torch's error + eps)", e_, o_.float(),
+                     tol=2 * err_torch + 4 * torch.finfo(dtype).eps)
+checks
+
+# %% [markdown]
+# ## 14.7 On a GPU
+#
+# `benchmarks/flash.py` times the kernels against `torch.nn.functional.scaled_dot_product_attention`
+# (which dispatches to its own FlashAttention-2 kernels) on a CUDA GPU: $T$ from 1k to 16k,
+# $d = 64$ and 128, causal or not, float16 and bfloat16, forward and backward. It writes
+# `benchmarks/results/flash_<gpu>.json`, which this cell plots; on a machine without a GPU the
+# script only checks correctness under the interpreter and writes
+# `flash_cpu_interpreter.json`, which holds no speed figures.
+
+# %%
+results_dir = Path(flash_triton.__file__).resolve().parents[1] / "benchmarks" / "results"
+gpu_files = sorted(p for p in results_dir.glob("flash_*.json") if p.name != "flash_cpu_interpreter.json")
+gpu_results = [json.loads(p.read_text()) for p in gpu_files]
+gpu_results = [r for r in gpu_results if r.get("speed_measured")]
+if not gpu_results:
+    print("no GPU measurements yet: run `python benchmarks/flash.py` on a machine with a CUDA GPU")
+for r in gpu_results:
+    print(f"{r['machine']['gpu']}: {len(r['rows'])} configurations; at T >= 4k, d = 128, fp16: "
+          f"forward {r['summary']['min_forward_ratio']:.2f}x, backward "
+          f"{r['summary']['min_backward_ratio']:.2f}x SDPA's TFLOP/s")
+
+# %%
+for r in gpu_results:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, phase in zip(axes, ("forward", "backward"), strict=True):
+        for causal, style in ((False, "-"), (True, "--")):
+            rows = [x for x in r["rows"] if x["dtype"] == "float16" and x["d"] == 128
+                    and x["causal"] == causal]
+            Ts = [x["T"] for x in rows]
+            for who, color in (("ours", "C0"), ("sdpa", "C1")):
+                ax.plot(Ts, [x[who][f"{phase}_tflops"] for x in rows], style, color=color,
+                        marker="o", label=f"{who}{' causal' if causal else ''}")
+        ax.set(xscale="log", xlabel="sequence length T (tokens)", title=f"{phase}, fp16, d = 128")
+    axes[0].set_ylabel("throughput (TFLOP/s)")
+    axes[0].legend()
+    fig.suptitle(f"Triton FlashAttention vs torch SDPA on {r['machine']['gpu']}")
+    save_figure(fig, f"14_flash_attention_gpu_{Path(gpu_files[gpu_results.index(r)]).stem[6:]}")
+    plt.show()
+
+# %% [markdown]
+# ## Exercises
+#
+# Reference solutions are in `notebooks/solutions/14_flash_attention.py` and are checked by
+# `tests/test_solutions_14.py`.
+#
+# 1. (★) **Merging normalised results.** Kernels often keep a block's result normalised:
+#    its log-sum-exp $L = m + \log\ell$ and output $O = o/\ell$. Show that two such results
+#    merge as $L = \log(e^{L_1} + e^{L_2})$, $O = e^{L_1 - L} O_1 + e^{L_2 - L} O_2$ (a convex
+#    combination), implement `merge_lse_states((L1, O1), (L2, O2))` with `torch.logaddexp`,
+#    and check it against the softmax of the whole row, including an empty block $L = -\infty$.
+# 2. (★★) **Split-KV decoding.** When a single new token attends to a long KV cache
+#    (chapter 13), one program per query block leaves most of a GPU idle. Write
+#    `split_kv_attention(q, k, v, n_splits)` that cuts the keys into `n_splits` chunks,
+#    attends to each chunk independently and merges the results with exercise 1; check it
+#    against `F.scaled_dot_product_attention` for 1, 3, 7 and $T_k$ chunks.
+# 3. (★) **How much SRAM?** With `attention_hbm_accesses`, find the smallest SRAM (a power of
+#    two, in elements) at which the tiled forward moves at most a tenth of the standard
+#    algorithm's HBM traffic for $T = 4096$, $d = 64$: `min_sram_for_saving(T, d, ratio)`.
+#    Why can no SRAM give a saving of 1000× at $T = 64$, $d = 16$?
+# 4. (★★★) **Sliding-window FlashAttention.** Mistral-style sliding-window attention lets
+#    query $i$ see keys $i - w < j \le i$. Write `sliding_window_flash(q, k, v, window, block)`
+#    that skips every tile lying entirely outside the window, returns the output and the
+#    number of tiles visited, and matches `F.scaled_dot_product_attention` with the
+#    equivalent boolean mask. How does the tile count grow with $T$ for a fixed window?
