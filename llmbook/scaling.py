@@ -1,0 +1,321 @@
+"""Scaling laws: power-law fits, the C = 6ND rule and Chinchilla's compute-optimal allocation.
+
+Introduced in notebooks/11_scaling_laws. Three pieces:
+
+* :func:`fit_power_law` fits ``y = a x^(-alpha)`` (or ``y = E + a x^(-alpha)``) by least
+  squares on ``log y`` against ``log x``: a straight line on a log-log plot, with the
+  slope and intercept of the ordinary linear regression in closed form;
+* :func:`training_flops` is the rule of thumb ``C = 6 N D``: about ``2 N`` FLOPs per token
+  forward (one multiply-add per parameter, ``llmbook.sizing.flops_per_token`` without its
+  attention term) and twice that backward (Kaplan et al., 2020, "Scaling Laws for Neural
+  Language Models", section 2.1);
+* :func:`chinchilla_loss` and :func:`compute_optimal` evaluate the parametric loss of
+  Hoffmann et al. (2022, "Training Compute-Optimal Large Language Models", equation 2)
+
+  .. math::  L(N, D) = E + \\frac{A}{N^\\alpha} + \\frac{B}{D^\\beta}
+
+  and its minimum under a compute budget ``6 N D = C``, found with a Lagrange multiplier:
+
+  .. math::  N_{opt} = G \\left(\\frac{C}{6}\\right)^{\\beta/(\\alpha+\\beta)}, \\quad
+             D_{opt} = G^{-1} \\left(\\frac{C}{6}\\right)^{\\alpha/(\\alpha+\\beta)}, \\quad
+             G = \\left(\\frac{\\alpha A}{\\beta B}\\right)^{1/(\\alpha+\\beta)}
+
+  (Hoffmann et al., 2022, equation 4), for two published sets of constants
+  (:data:`CHINCHILLA_CONSTANTS`).
+
+:func:`golden_section_minimize`, a one-dimensional minimiser, fits the offset ``E`` of a
+power law and, in the notebook and the tests, checks :func:`compute_optimal` numerically.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "CHINCHILLA_CONSTANTS",
+    "ChinchillaConstants",
+    "PowerLawFit",
+    "chinchilla_loss",
+    "compute_optimal",
+    "fit_power_law",
+    "get_constants",
+    "golden_section_minimize",
+    "optimal_exponents",
+    "tokens_per_parameter",
+    "training_flops",
+]
+
+
+# ---------------------------------------------------------------- power-law fits
+
+
+@dataclass(frozen=True)
+class PowerLawFit:
+    """The result of :func:`fit_power_law`: ``y ~ E + a x^(-alpha)``.
+
+    Attributes:
+        a: the prefactor (``y - E`` at ``x = 1``).
+        alpha: the exponent; positive when ``y`` falls with ``x``.
+        E: the irreducible offset (``0.0`` for a pure power law).
+        r_squared: the coefficient of determination of the straight-line fit in log-log
+            space, ``1 - SS_res / SS_tot`` on ``log(y - E)`` (1 for an exact power law).
+        residuals: ``(n,)`` array, ``log(y - E) - log(a x^(-alpha))`` for every point.
+        offset_fitted: whether ``E`` was fitted (``offset="fit"``) rather than given.
+    """
+
+    a: float
+    alpha: float
+    E: float
+    r_squared: float
+    residuals: np.ndarray
+    offset_fitted: bool = False
+
+    def predict(self, x: float | np.ndarray) -> float | np.ndarray:
+        """``E + a x^(-alpha)`` at ``x`` (a scalar or an array of any shape)."""
+        out = self.E + self.a * np.power(np.asarray(x, dtype=np.float64), -self.alpha)
+        return float(out) if np.ndim(out) == 0 else out
+
+
+def _as_1d_positive(name: str, values: object) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    bad = np.flatnonzero(~np.isfinite(arr) | (arr <= 0))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{name} must be finite and positive for a log-log fit, "
+                         f"got {name}[{i}] = {float(arr[i])!r}")
+    return arr
+
+
+def _line_fit(u: np.ndarray, v: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """Least-squares line ``v = c0 + c1 u``: ``c1 = cov(u, v) / var(u)``, ``c0 = mean(v) - c1 mean(u)``."""
+    du = u - u.mean()
+    c1 = float(du @ (v - v.mean()) / (du @ du))
+    c0 = float(v.mean() - c1 * u.mean())
+    return c0, c1, v - (c0 + c1 * u)
+
+
+def fit_power_law(x: object, y: object, offset: float | str | None = None) -> PowerLawFit:
+    """Fit ``y = a x^(-alpha)``, or ``y = E + a x^(-alpha)``, by least squares in log-log space.
+
+    ``x`` and ``y`` are 1-D sequences of the same length ``n >= 2`` (``n >= 3`` to fit the
+    offset), ``x`` positive and not all equal. With ``offset=None`` the fit is the linear
+    regression of ``log y`` on ``log x`` (closed form: slope ``-alpha``, intercept
+    ``log a``). With a number ``E``, the same regression of ``log(y - E)``; every
+    ``y`` must then exceed ``E``. With ``offset="fit"``, ``E`` is chosen in ``[0, min y)``
+    to minimise the sum of squared log residuals (a grid scan, then
+    :func:`golden_section_minimize` around the best grid point; the line fit in closed
+    form inside both).
+
+    Minimising squared errors of ``log y`` weights every point by its *relative* error,
+    which suits data spanning orders of magnitude (and multiplicative noise).
+    """
+    xs = _as_1d_positive("x", x)
+    ys = np.asarray(y, dtype=np.float64)
+    if ys.ndim != 1:
+        raise ValueError(f"y must be 1-D, got shape {ys.shape}")
+    if xs.shape != ys.shape:
+        raise ValueError(f"x and y must have the same length, got {xs.size} and {ys.size}")
+    if xs.size < 2:
+        raise ValueError(f"a power-law fit needs at least 2 points, got {xs.size}")
+    if np.all(xs == xs[0]):
+        raise ValueError(f"x values are all equal (to {float(xs[0])!r}): no slope to fit")
+    u = np.log(xs)
+
+    if offset is None or isinstance(offset, int | float) and not isinstance(offset, bool):
+        E = 0.0 if offset is None else float(offset)
+        if not math.isfinite(E):
+            raise ValueError(f"offset must be finite, got {offset!r}")
+        if offset is None:
+            ys = _as_1d_positive("y", ys)
+        elif np.any(~np.isfinite(ys) | (ys <= E)):
+            i = int(np.flatnonzero(~np.isfinite(ys) | (ys <= E))[0])
+            raise ValueError(f"every y must be finite and exceed the offset {E!r}, "
+                             f"got y[{i}] = {float(ys[i])!r}")
+        fitted = False
+    elif offset == "fit":
+        if xs.size < 3:
+            raise ValueError(f"fitting the offset too needs at least 3 points, got {xs.size}")
+        ys = _as_1d_positive("y", ys)
+        y_min = float(ys.min())
+
+        def sse(e: float) -> float:
+            return float(np.sum(_line_fit(u, np.log(ys - e))[2] ** 2))
+
+        # The sum of squares need not be unimodal in E on [0, min y): scan a grid that is
+        # dense near min y (E = min y (1 - s), s from 1 down to 1e-10), refine every local
+        # minimum of the grid by golden-section search, and keep the best.
+        grid = y_min * (1.0 - np.logspace(0.0, -10.0, 201))  # (201,), grid[0] = 0
+        values = np.array([sse(e) for e in grid])
+        best_sse, E = float(values[0]), 0.0
+        for k in range(grid.size):
+            left, right = values[max(k - 1, 0)], values[min(k + 1, grid.size - 1)]
+            if values[k] <= left and values[k] <= right:  # a local minimum of the grid
+                lo, hi = float(grid[max(k - 1, 0)]), float(grid[min(k + 1, grid.size - 1)])
+                e = golden_section_minimize(sse, lo, hi, tol=1e-13 * y_min) if hi > lo else lo
+                if sse(e) < best_sse:
+                    best_sse, E = sse(e), float(e)
+        fitted = True
+    else:
+        raise ValueError(f"offset must be None, a number or 'fit', got {offset!r}")
+
+    v = np.log(ys - E)
+    log_a, slope, residuals = _line_fit(u, v)
+    ss_res = float(residuals @ residuals)
+    ss_tot = float(np.sum((v - v.mean()) ** 2))
+    r_squared = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+    return PowerLawFit(a=math.exp(log_a), alpha=-slope, E=E, r_squared=r_squared,
+                       residuals=residuals, offset_fitted=fitted)
+
+
+def golden_section_minimize(f: Callable[[float], float], lo: float, hi: float,
+                            tol: float = 1e-10, max_iter: int = 500) -> float:
+    """The minimiser of a unimodal ``f`` on ``[lo, hi]`` by golden-section search.
+
+    Each step keeps the part of the bracket that must hold the minimum and shrinks it by
+    ``1/phi = 0.618`` with one new evaluation of ``f`` (Kiefer, 1953, "Sequential minimax
+    search for a maximum"). Stops when the bracket is narrower than ``tol`` (absolute).
+    For a smooth minimum, ``f`` rounds to the same float over a width of about
+    ``sqrt(eps)`` relative, which limits any search on values alone.
+    """
+    if not (math.isfinite(lo) and math.isfinite(hi)) or not lo < hi:
+        raise ValueError(f"need finite lo < hi, got lo={lo!r}, hi={hi!r}")
+    if not tol > 0:
+        raise ValueError(f"tol must be > 0, got {tol!r}")
+    inv_phi = (math.sqrt(5.0) - 1.0) / 2.0  # 0.618...
+    a, b = lo, hi
+    c, d = b - inv_phi * (b - a), a + inv_phi * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(max_iter):
+        if b - a <= tol:
+            break
+        if fc <= fd:  # the minimum lies in [a, d]
+            b, d, fd = d, c, fc
+            c = b - inv_phi * (b - a)
+            fc = f(c)
+        else:  # the minimum lies in [c, b]
+            a, c, fc = c, d, fd
+            d = a + inv_phi * (b - a)
+            fd = f(d)
+    return (a + b) / 2.0
+
+
+# ---------------------------------------------------------------- compute: C = 6 N D
+
+
+def training_flops(N: float | np.ndarray, D: float | np.ndarray) -> float | np.ndarray:
+    """Training compute ``C = 6 N D`` FLOPs for ``N`` parameters and ``D`` tokens.
+
+    Forward about ``2 N`` FLOPs per token (``llmbook.sizing.flops_per_token`` less its
+    attention term ``4 L T H d_h``, small when ``d >> T / 6``), backward twice that.
+    """
+    n, dd = _check_positive("N", N), _check_positive("D", D)
+    out = 6.0 * n * dd
+    return float(out) if np.ndim(out) == 0 else out
+
+
+# ---------------------------------------------------------------- Chinchilla
+
+
+@dataclass(frozen=True)
+class ChinchillaConstants:
+    """The constants of ``L(N, D) = E + A / N^alpha + B / D^beta`` (loss in nats/token,
+    ``N`` parameters, ``D`` training tokens), and where they were published."""
+
+    E: float
+    A: float
+    B: float
+    alpha: float
+    beta: float
+    source: str
+
+
+CHINCHILLA_CONSTANTS: dict[str, ChinchillaConstants] = {
+    "hoffmann2022": ChinchillaConstants(
+        E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28,
+        source="Hoffmann et al., 2022, 'Training Compute-Optimal Large Language Models', "
+               "approach 3"),
+    "besiroglu2024": ChinchillaConstants(
+        E=1.8172, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658,
+        source="Besiroglu et al., 2024, 'Chinchilla Scaling: A replication attempt', "
+               "their refit of approach 3"),
+}
+
+
+def get_constants(name: str | ChinchillaConstants) -> ChinchillaConstants:
+    """The named constants from :data:`CHINCHILLA_CONSTANTS` (a ``ChinchillaConstants`` passes through)."""
+    if isinstance(name, ChinchillaConstants):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"constants must be a name or ChinchillaConstants, got {type(name).__name__}")
+    if name not in CHINCHILLA_CONSTANTS:
+        raise ValueError(f"unknown constants {name!r}; known: {sorted(CHINCHILLA_CONSTANTS)}")
+    return CHINCHILLA_CONSTANTS[name]
+
+
+def _check_positive(name: str, value: object) -> np.ndarray:
+    arr = np.asarray(value, dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(arr) | (arr <= 0))
+    if bad.size:
+        raise ValueError(f"{name} must be finite and positive, got {float(arr.ravel()[bad[0]])!r}"
+                         + (f" (at flat index {int(bad[0])})" if arr.ndim else ""))
+    return arr
+
+
+def chinchilla_loss(N: float | np.ndarray, D: float | np.ndarray,
+                    constants: str | ChinchillaConstants = "hoffmann2022") -> float | np.ndarray:
+    """``L(N, D) = E + A / N^alpha + B / D^beta`` in nats/token (Hoffmann et al., 2022, eq. 2).
+
+    ``N`` and ``D`` are positive scalars or arrays that broadcast together (e.g. ``N`` of
+    shape ``(k, 1)`` and ``D`` of shape ``(1, m)`` give a ``(k, m)`` grid); a float for
+    scalars.
+    """
+    c = get_constants(constants)
+    n, d = _check_positive("N", N), _check_positive("D", D)
+    try:
+        np.broadcast_shapes(n.shape, d.shape)
+    except ValueError:
+        raise ValueError(f"N of shape {n.shape} and D of shape {d.shape} do not broadcast") from None
+    out = c.E + c.A * n ** (-c.alpha) + c.B * d ** (-c.beta)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def optimal_exponents(constants: str | ChinchillaConstants = "hoffmann2022") -> tuple[float, float]:
+    """``(a, b) = (beta / (alpha + beta), alpha / (alpha + beta))``: ``N_opt ~ C^a``, ``D_opt ~ C^b``."""
+    c = get_constants(constants)
+    return c.beta / (c.alpha + c.beta), c.alpha / (c.alpha + c.beta)
+
+
+def compute_optimal(C: float | np.ndarray, constants: str | ChinchillaConstants = "hoffmann2022"
+                    ) -> tuple[float | np.ndarray, float | np.ndarray]:
+    """``(N_opt, D_opt)`` minimising :func:`chinchilla_loss` subject to ``6 N D = C``.
+
+    Setting the gradient of the Lagrangian ``L(N, D) + lambda (6 N D - C)`` to zero gives
+    ``alpha A / N^alpha = beta B / D^beta`` (both equal ``6 lambda N D``); with
+    ``D = C / (6 N)``:
+
+        N_opt = G (C/6)^(beta/(alpha+beta)),  D_opt = (C/6)^(alpha/(alpha+beta)) / G,
+        G = (alpha A / (beta B))^(1/(alpha+beta))
+
+    (Hoffmann et al., 2022, equation 4). ``C`` in FLOPs, a positive scalar or array.
+    """
+    c = get_constants(constants)
+    budget = _check_positive("C", C)
+    G = (c.alpha * c.A / (c.beta * c.B)) ** (1.0 / (c.alpha + c.beta))
+    a, b = optimal_exponents(c)
+    n_opt, d_opt = G * (budget / 6.0) ** a, (budget / 6.0) ** b / G
+    if np.ndim(n_opt) == 0:
+        return float(n_opt), float(d_opt)
+    return n_opt, d_opt
+
+
+def tokens_per_parameter(C: float | np.ndarray,
+                         constants: str | ChinchillaConstants = "hoffmann2022") -> float | np.ndarray:
+    """``D_opt / N_opt = G^(-2) (C/6)^((alpha - beta)/(alpha + beta))`` at budget ``C``."""
+    n_opt, d_opt = compute_optimal(C, constants)
+    return d_opt / n_opt

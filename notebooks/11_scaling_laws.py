@@ -1,0 +1,578 @@
+# %% [markdown]
+# # 11 Scaling laws
+#
+# Chapter 10 trained one model. Training a large one costs millions of dollars, so before
+# doing it one wants to know two things: how good will it be, and, for a fixed budget of
+# compute, how big should the model be and on how many tokens should it train? The answer
+# the field found is empirical but remarkably regular. Over many orders of magnitude the
+# loss of a language model falls as a **power law** in its number of parameters $N$, its
+# number of training tokens $D$ and its training compute $C$ (Kaplan et al., 2020,
+# "Scaling Laws for Neural Language Models"). This chapter builds the tools to read and use
+# such laws:
+#
+# 1. **power laws and log–log fits**: a power law is a straight line on a log–log plot, and
+#    fitting it is a linear regression on the logarithms, derived in SymPy;
+# 2. **$C \approx 6ND$**: the training compute, derived from the FLOPs per token of
+#    chapter 7, with the condition under which attention can be neglected;
+# 3. **a sweep**: five tiny transformers trained on the book's synthetic source, whose
+#    loss above the exact entropy floor follows a power law in $N$;
+# 4. **Chinchilla's compute-optimal allocation**: the parametric loss
+#    $L(N, D) = E + A/N^\alpha + B/D^\beta$ of Hoffmann et al. (2022), minimised under the
+#    budget $6ND = C$ with a Lagrange multiplier in SymPy, and checked against a numerical
+#    minimisation, for the published constants and for those of the 2024 replication;
+# 5. **where the two fits disagree**: tokens per parameter, and what each says about
+#    Chinchilla itself.
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import sympy as sp
+import torch
+import torch.nn.functional as F
+from IPython.display import display
+from torch.utils.flop_counter import FlopCounterMode
+
+from llmbook.data import default_source
+from llmbook.model import TransformerConfig, TransformerLM
+from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.scaling import (
+    CHINCHILLA_CONSTANTS,
+    chinchilla_loss,
+    compute_optimal,
+    fit_power_law,
+    get_constants,
+    golden_section_minimize,
+    optimal_exponents,
+    tokens_per_parameter,
+    training_flops,
+)
+from llmbook.sizing import (
+    SYMBOLS,
+    count_parameters_symbolic,
+    flops_per_token,
+    flops_per_token_symbolic,
+    parameter_shares,
+)
+
+g = seed_everything(0)
+torch.set_num_threads(1)  # the models here are tiny: one thread is faster and repeatable
+
+# %% [markdown]
+# ## 11.1 Power laws are straight lines on a log–log plot
+#
+# A **power law** $y = a\,x^{-\alpha}$ becomes linear after taking logarithms:
+#
+# $$ \log y = \log a - \alpha \log x . $$
+#
+# So a power law is a straight line of slope $-\alpha$ on log–log axes, and doubling $x$
+# multiplies $y$ by $2^{-\alpha}$ wherever one starts: there is no characteristic scale.
+# Kaplan et al. (2020) found the test loss of transformers to follow
+# $L(N) = (N_c/N)^{\alpha_N}$ with $\alpha_N \approx 0.076$ over six orders of magnitude of
+# $N$ (their equation 1.1), with similar laws in $D$ and $C$.
+#
+# To fit one, regress $v = \log y$ on $u = \log x$: choose $c_0, c_1$ minimising the sum of
+# squares $S = \sum_i (v_i - c_0 - c_1 u_i)^2$, then $\alpha = -c_1$ and $a = e^{c_0}$.
+# Setting both partial derivatives of $S$ to zero (the *normal equations*) and solving gives
+# the familiar closed form. SymPy does it for $n = 5$ points with symbolic coordinates (the
+# algebra is the same for any $n$):
+
+# %%
+n_pts = 5
+u = sp.symbols(f"u1:{n_pts + 1}", real=True)
+v = sp.symbols(f"v1:{n_pts + 1}", real=True)
+c0, c1 = sp.symbols("c0 c1", real=True)
+S = sum((v[i] - c0 - c1 * u[i]) ** 2 for i in range(n_pts))
+sol = sp.solve([sp.diff(S, c0), sp.diff(S, c1)], [c0, c1], dict=True)[0]
+u_bar, v_bar = sum(u) / n_pts, sum(v) / n_pts
+slope = sum((u[i] - u_bar) * (v[i] - v_bar) for i in range(n_pts)) / sum(
+    (u[i] - u_bar) ** 2 for i in range(n_pts))
+assert sp.simplify(sol[c1] - slope) == 0
+assert sp.simplify(sol[c0] - (v_bar - slope * u_bar)) == 0
+display(sp.Eq(sp.Symbol("c_1"), sp.Symbol(r"\frac{\sum_i (u_i - \bar u)(v_i - \bar v)}"
+                                          r"{\sum_i (u_i - \bar u)^2}")),
+        sp.Eq(sp.Symbol("c_0"), sp.Symbol(r"\bar v - c_1 \bar u")))
+
+# %% [markdown]
+# The slope is the covariance of $u$ and $v$ over the variance of $u$. Fitting in log space
+# weighs every point by its *relative* error, which suits data spread over orders of
+# magnitude and noise that multiplies rather than adds.
+#
+# Loss curves do not fall to zero, though: no model beats the entropy of the text. The
+# law then has an irreducible offset, $y = E + a\,x^{-\alpha}$, and only $y - E$ is a
+# straight line. If $E$ is known (as it is for the book's synthetic source) it is
+# subtracted; if not, `fit_power_law(..., offset="fit")` searches for the $E$ that makes
+# the line straightest (smallest sum of squared log residuals), fitting the line in closed
+# form at each candidate:
+
+# %%
+show_source(fit_power_law)
+
+# %% [markdown]
+# Checks: an exact power law must come back exactly; on noisy data the fit must equal
+# NumPy's own least-squares polynomial fit `np.polyfit` of degree 1 on the logarithms (an
+# independent implementation); and an offset law must give back its offset.
+
+# %%
+rng = np.random.default_rng(0)
+x = np.logspace(2, 8, 13)
+checks = Checks("fit_power_law")
+exact = fit_power_law(x, 4.2 * x**-0.35)
+checks.close("exact law: alpha", 0.35, exact.alpha, tol=1e-12)
+checks.close("exact law: a", 4.2, exact.a, tol=1e-12, rel=True)
+noisy_y = 4.2 * x**-0.35 * np.exp(0.05 * rng.standard_normal(x.size))
+noisy = fit_power_law(x, noisy_y)
+slope_np, intercept_np = np.polyfit(np.log(x), np.log(noisy_y), 1)
+checks.close("noisy: alpha vs np.polyfit", -slope_np, noisy.alpha, tol=1e-12)
+checks.close("noisy: a vs np.polyfit", math.exp(intercept_np), noisy.a, tol=1e-12, rel=True)
+offset_fit = fit_power_law(x, 1.6 + 4.2 * x**-0.35, offset="fit")
+checks.close("offset law: E (fitted)", 1.6, offset_fit.E, tol=1e-9)
+checks.close("offset law: alpha", 0.35, offset_fit.alpha, tol=1e-9)
+checks
+
+# %% [markdown]
+# What forgetting the offset does: below, 13 noisy points of $y = 1.6 + 4.2\,x^{-0.35}$
+# (0.5% multiplicative noise). A pure power law (dashed) cannot follow the flattening
+# towards $E$: it misses both ends, and its exponent is several times too small. Fitting
+# $E$ as well recovers the law to within the noise.
+
+# %%
+x = np.logspace(1, 6, 13)
+y_off = (1.6 + 4.2 * x**-0.35) * np.exp(0.005 * rng.standard_normal(x.size))
+fit_no_e, fit_e = fit_power_law(x, y_off), fit_power_law(x, y_off, offset="fit")
+print(f"no offset:     alpha = {fit_no_e.alpha:.4f}, R^2 (log space) = {fit_no_e.r_squared:.4f}")
+print(f"fitted offset: alpha = {fit_e.alpha:.4f}, E = {fit_e.E:.4f}, a = {fit_e.a:.3f}")
+fig, ax = plt.subplots(figsize=(6.5, 4))
+ax.loglog(x, y_off, "o", color="black", label="data: $1.6 + 4.2x^{-0.35}$, 0.5% noise")
+xs_dense = np.logspace(1, 6, 200)
+ax.loglog(xs_dense, fit_no_e.predict(xs_dense), "--", label=f"$ax^{{-\\alpha}}$, "
+          f"$\\alpha$ = {fit_no_e.alpha:.3f}")
+ax.loglog(xs_dense, fit_e.predict(xs_dense), label=f"$E + ax^{{-\\alpha}}$, "
+          f"$\\alpha$ = {fit_e.alpha:.3f}, E = {fit_e.E:.2f}")
+ax.set_xlabel("x (e.g. parameters)")
+ax.set_ylabel("y (e.g. loss, nats/token)")
+ax.set_title("A power law with an offset, fitted with and without it")
+ax.legend(fontsize=8)
+save_figure(fig, "11_scaling_laws_offset")
+plt.show()
+
+# %% [markdown]
+# ## 11.2 Counting compute: $C \approx 6ND$
+#
+# Chapter 7 derived the forward FLOPs per token of the book's model (matrix products only,
+# 2 FLOPs per multiply-add). Subtract twice the number $N_{mm}$ of parameters that take
+# part in matrix products (every weight matrix, the output layer included; not the
+# embedding lookup, the norms or the biases, which are left out of the count) and what
+# is left is the attention term, the only one that grows with $T$:
+
+# %%
+V, d, L, H, H_kv, d_h, d_ff, m, T, T_max, b_qkv, b_o, b_mlp, b_n, u_head, p_pos = SYMBOLS
+F_fwd = flops_per_token_symbolic()
+norms = (2 * L + 1) * d * (1 + b_n)
+N_mm = count_parameters_symbolic().subs({b_qkv: 0, b_o: 0, b_mlp: 0, u_head: 0, p_pos: 0}) - norms
+attention_term = sp.expand(F_fwd - 2 * N_mm)
+assert sp.simplify(attention_term - 4 * L * T * H * d_h) == 0
+display(sp.Eq(sp.Symbol("C_{fwd}/token"), sp.Add(2 * sp.Symbol("N_{mm}"), attention_term,
+                                                  evaluate=False)))
+
+# %% [markdown]
+# When is the attention term small? Take the usual shapes, $H d_h = d$, no grouping
+# ($H_{kv} = H$) and either the GELU MLP with $d_{ff} = 4d$ or SwiGLU with
+# $d_{ff} = \tfrac83 d$. Both give $12 d^2$ weights per layer, and per layer the ratio of
+# attention FLOPs to weight FLOPs is
+
+# %%
+standard = {H_kv: H, d_h: d / H}
+for m_, ff in ((2, 4 * d), (3, sp.Rational(8, 3) * d)):
+    per_layer = (F_fwd - 2 * d * V).subs(standard).subs({m: m_, d_ff: ff}) / L
+    weights = sp.expand(per_layer).coeff(T, 0)
+    ratio = sp.simplify((per_layer - weights) / weights)
+    assert sp.simplify(weights - 2 * 12 * d**2) == 0 and sp.simplify(ratio - T / (6 * d)) == 0
+display(sp.Eq(sp.Symbol(r"\frac{4THd_h}{2 \cdot 12 d^2}"), T / (6 * d)))
+
+# %% [markdown]
+# So $C_{fwd} \approx 2N$ per token when $d \gg T/6$: the model is much wider than a sixth
+# of its context. GPT-2 small ($d = 768$, $T = 1024$) is at $T/6d = 0.22$; Llama 2 7B
+# ($d = 4096$, $T = 4096$) at $0.17$ (a causal kernel that skips the masked half halves
+# both).
+#
+# **The backward pass costs twice the forward.** For each product $Y = XW$ with
+# $X \in \mathbb R^{n \times k}$, $W \in \mathbb R^{k \times m}$ (chapter 8), backward
+# computes $\partial \mathcal L/\partial X = (\partial \mathcal L/\partial Y) W^\top$ and
+# $\partial \mathcal L/\partial W = X^\top (\partial \mathcal L/\partial Y)$, two products of
+# the same size:
+
+# %%
+n_, k_, m_ = sp.symbols("n k m", positive=True, integer=True)
+fwd_mm = 2 * n_ * k_ * m_  # X (n, k) @ W (k, m)
+bwd_mm = 2 * n_ * m_ * k_ + 2 * k_ * n_ * m_  # dY (n, m) @ W^T (m, k) and X^T (k, n) @ dY (n, m)
+assert sp.simplify(bwd_mm - 2 * fwd_mm) == 0
+train_per_token = sp.expand(3 * (2 * sp.Symbol("N_{mm}") + attention_term))
+display(sp.Eq(sp.Symbol("C_{train}/token"), train_per_token))
+
+# %% [markdown]
+# Training therefore costs $3 \times 2N = 6N$ FLOPs per token, and $C \approx 6ND$ for $D$
+# tokens (Kaplan et al., 2020, section 2.1). `FlopCounterMode` confirms the factor 3 on a
+# small model (with the book's unfused attention, which the counter can see), and the
+# closed form of `llmbook.sizing` gives the exact training FLOPs per token of real shapes
+# to compare with $6N$:
+
+# %%
+tiny = TransformerConfig.llama_style(vocab_size=16, d_model=24, n_layers=2, n_heads=2,
+                                     max_seq_len=32)
+model = TransformerLM(tiny, generator=g)
+model.set_fused_attention(False)
+ids = torch.randint(0, 16, (4, 32), generator=g)
+with FlopCounterMode(display=False) as fwd_counter:
+    model(ids)
+with FlopCounterMode(display=False) as train_counter:
+    F.cross_entropy(model(ids).reshape(-1, 16), ids.reshape(-1)).backward()
+checks = Checks("training FLOPs")
+checks.equal("forward: closed form x B T", 4 * 32 * flops_per_token(tiny, 32),
+             fwd_counter.get_total_flops())
+checks.equal("forward + backward = 3 x forward", 3 * fwd_counter.get_total_flops(),
+             train_counter.get_total_flops())
+checks
+
+# %%
+def n_matmul(c):
+    """N_mm of a configuration without biases: attention, MLP and output-layer weights."""
+    shares = parameter_shares(c)
+    return shares["attention"] + shares["mlp"] + c.vocab_size * c.d_model
+
+
+shapes = {"GPT-2 small": (TransformerConfig.gpt2_style(), 1024),
+          "Qwen2-0.5B": (TransformerConfig.qwen2_style(), 2048),
+          "Llama 2 7B": (TransformerConfig.llama_style(), 4096),
+          "sweep, d=8": (TransformerConfig.llama_style(vocab_size=16, d_model=8, n_layers=1,
+                                                       n_heads=1, max_seq_len=32), 32),
+          "sweep, d=64": (TransformerConfig.llama_style(vocab_size=16, d_model=64, n_layers=2,
+                                                        n_heads=8, max_seq_len=32), 32)}
+print(f"{'model':13s}{'N':>15s}{'N_mm':>15s}{'train FLOP/token':>18s}{'/ 6N':>7s}{'/ 6N_mm':>9s}"
+      f"{'T/6d':>7s}")
+for name, (c, T_) in shapes.items():
+    N_, Nmm_, train_ft = parameter_shares(c)["total"], n_matmul(c), 3 * flops_per_token(c, T_)
+    print(f"{name:13s}{N_:15,d}{Nmm_:15,d}{train_ft:18,d}{train_ft / (6 * N_):7.3f}"
+          f"{train_ft / (6 * Nmm_):9.3f}{T_ / (6 * c.d_model):7.3f}")
+
+# %% [markdown]
+# For the three real shapes $6N$ undercounts the exact training FLOPs by 14 to 18% at
+# these context lengths, all of it the attention term (Qwen2-0.5B's query, key and value
+# biases are counted in $N_{mm}$ here, though they are not products; they are 0.01% of it).
+# Among the models of the next section, the widest ($d = 64$, $T/6d = 0.08$) is within 7%
+# of $6N$; the narrowest ($d = 8$, $T/6d = 0.67$) needs 44% more than $6N_{mm}$. The rule
+# is a statement about wide models; in our sweep we count parameters, not FLOPs.
+#
+# ## 11.3 A sweep of model sizes on the synthetic source
+#
+# The scaling laws of the literature come from hundreds of training runs. We can afford
+# five, on the synthetic source of chapter 3 (16 tokens, order-2 Markov chain). Its
+# advantage over real text is that the floor is known exactly: the entropy rate
+# $H = 1.6184$ nats/token, so the **reducible loss** $L - H$ can be measured directly, with
+# no offset to fit. Each model is a Llama-style transformer, widths $d$ from 8 to 64 and one
+# or two layers, heads of width 8, trained with chapter 10's `train` for the same 300
+# steps of $32 \times 32$ tokens (307,200 tokens each, a few seconds per model) with the
+# same hyperparameters. As in Kaplan et al. (2020) the size is the number of
+# **non-embedding** parameters (the blocks, without $E$ and the output layer). The
+# validation loss is scored from position 2 of each window on: the source draws each token
+# from the two before it, so the first two predictions of a window lack context that no
+# model could make up for, and would add a constant to every model's loss.
+
+# %%
+from llmbook.train import TrainConfig, evaluate, train  # noqa: E402
+
+source = default_source()
+H_rate = source.entropy_rate()
+train_tokens, val_tokens = source.train_val(num_train=400_000, num_val=50_000, seed=0)
+sweep = [(8, 1), (16, 1), (24, 2), (40, 2), (64, 2)]  # (d, layers)
+sweep_config = TrainConfig(steps=300, batch_size=32, context_length=32, lr=1e-2, min_lr=1e-3,
+                           warmup_steps=30, weight_decay=0.0, eval_every=None, seed=0)
+print(sweep_config)
+
+# %%
+results = []
+for d_, L_ in sweep:
+    seed_everything(0)
+    c = TransformerConfig.llama_style(vocab_size=16, d_model=d_, n_layers=L_,
+                                      n_heads=d_ // 8, max_seq_len=32)
+    lm = TransformerLM(c, generator=torch.Generator().manual_seed(0))
+    train(lm, train_tokens, None, sweep_config)
+    val = evaluate(lm, val_tokens, batch_size=64, context_length=32, num_batches=24,
+                   first_position=2)  # the same windows for every model
+    shares = parameter_shares(c)
+    results.append((d_, L_, shares["total"] - shares["embeddings"], shares["total"], val))
+print(f"{'d':>3s}{'L':>3s}{'non-emb N':>11s}{'total N':>9s}{'val loss':>10s}{'L - H':>8s}")
+for d_, L_, n_ne, n_tot, val in results:
+    print(f"{d_:3d}{L_:3d}{n_ne:11,d}{n_tot:9,d}{val:10.4f}{val - H_rate:8.4f}")
+
+# %% [markdown]
+# Now the fit: the reducible loss against the non-embedding parameter count, a straight
+# line in log–log space.
+
+# %%
+N_sweep = np.array([r[2] for r in results], dtype=float)
+reducible = np.array([r[4] for r in results]) - H_rate
+sweep_fit = fit_power_law(N_sweep, reducible)
+print(f"L - H = {sweep_fit.a:.3f} N^(-{sweep_fit.alpha:.3f}),  R^2 (log space) = "
+      f"{sweep_fit.r_squared:.3f},  largest |log residual| = "
+      f"{np.max(np.abs(sweep_fit.residuals)):.3f}")
+fig, ax = plt.subplots(figsize=(6.5, 4))
+ax.loglog(N_sweep, reducible, "o", color="black", label="trained models (307k tokens each)")
+ns = np.logspace(np.log10(N_sweep[0]) - 0.2, np.log10(N_sweep[-1]) + 0.2, 100)
+ax.loglog(ns, sweep_fit.predict(ns), label=f"fit: {sweep_fit.a:.2f} $N^{{-{sweep_fit.alpha:.3f}}}$")
+for d_, L_, n_ne, _, val in results:
+    ax.annotate(f"d={d_}, L={L_}", (n_ne, val - H_rate), textcoords="offset points",
+                xytext=(5, 4), fontsize=8)
+ax.set_xlabel("non-embedding parameters N")
+ax.set_ylabel("validation loss − entropy rate (nats/token)")
+ax.set_title("Reducible loss of five tiny models on the Markov source")
+ax.legend(fontsize=8)
+save_figure(fig, "11_scaling_laws_sweep")
+plt.show()
+
+# %% [markdown]
+# Five points spanning two decades of $N$ lie close to a line, so the method works in
+# miniature. The exponent should not be read as a law of nature, however: it
+# comes from five runs of one seed each, the models are tiny, the learning rate is the
+# same for all of them (not tuned per size, as a real sweep would do), and every model saw
+# the same 307k tokens, so the largest ones are partly limited by data rather than
+# parameters (the $B/D^\beta$ term of section 11.4). In our measurement, a second seed
+# (another sample of data, initialisation and batches) moved individual points by up to
+# 0.05 nats and the exponent by about 0.01.
+# Kaplan et al. (2020) fitted their $\alpha_N = 0.076$ on models trained to convergence
+# over six decades of $N$; more decades, more seeds and per-size tuning are what turn a
+# trend like this one into a law.
+#
+# ## 11.4 Chinchilla's parametric loss
+#
+# Hoffmann et al. (2022, "Training Compute-Optimal Large Language Models") trained over
+# 400 models, from 70M to 16B parameters on 5B to 500B tokens, and modelled the final loss
+# as a function of both $N$ and $D$ (their equation 2):
+#
+# $$ L(N, D) = E + \frac{A}{N^\alpha} + \frac{B}{D^\beta} . $$
+#
+# $E$ is the entropy of text (the floor); $A/N^\alpha$ is what a model of finite size
+# cannot represent, even with infinite data; $B/D^\beta$ is what finite data leaves
+# unlearned. Their "approach 3" fitted the five constants to all runs (a Huber loss on the
+# log of the loss, minimised with L-BFGS). Besiroglu et al. (2024, "Chinchilla Scaling:
+# A replication attempt") reconstructed the data from the paper's figure, found that the
+# published constants fit it poorly, and refitted. Both sets are in `llmbook.scaling`:
+
+# %%
+print(f"{'constants':15s}{'E':>8s}{'A':>9s}{'B':>9s}{'alpha':>8s}{'beta':>8s}")
+for name, c in CHINCHILLA_CONSTANTS.items():
+    print(f"{name:15s}{c.E:8.4f}{c.A:9.2f}{c.B:9.2f}{c.alpha:8.4f}{c.beta:8.4f}")
+    print(f"{'':15s}{c.source}")
+
+# %% [markdown]
+# Two reference points. Chinchilla has $N = 70$B parameters and was trained on
+# $D = 1.4$T tokens; Gopher, the model it was compared with, has 280B parameters trained on
+# 300B tokens (Hoffmann et al., 2022, section 4), with about the same compute. What does
+# each fit predict?
+
+# %%
+models = {"Chinchilla": (70e9, 1.4e12), "Gopher": (280e9, 300e9)}
+print(f"{'model':11s}{'C = 6ND':>11s}{'constants':>15s}{'E':>7s}{'A/N^a':>8s}{'B/D^b':>8s}"
+      f"{'L':>8s}")
+for model_name, (N_, D_) in models.items():
+    for name in CHINCHILLA_CONSTANTS:
+        c = get_constants(name)
+        print(f"{model_name:11s}{training_flops(N_, D_):11.3g}{name:>15s}{c.E:7.3f}"
+              f"{c.A / N_**c.alpha:8.4f}{c.B / D_**c.beta:8.4f}{chinchilla_loss(N_, D_, c):8.4f}")
+
+# %% [markdown]
+# Both fits agree that at about $5 \times 10^{23}$ FLOPs the smaller model on more tokens
+# is better, but the original fit expects a gap of 0.057 nats/token and the replication
+# only 0.026. They also apportion the loss differently: the replication's data term
+# $B/D^\beta$ is larger (its $B$ is five times the original's) and its floor $E$ higher.
+#
+# ## 11.5 The compute-optimal allocation, by a Lagrange multiplier
+#
+# Given a budget $C$, which $N$ and $D$ minimise $L(N, D)$ subject to $6ND = C$? Introduce
+# a multiplier $\lambda$ for the constraint and set the gradient of the Lagrangian
+# $\mathcal{L} = L(N, D) + \lambda\,(6ND - C)$ to zero. SymPy solves the first condition
+# for $\lambda$, substitutes it into the second, and then solves the constraint for $N$:
+
+# %%
+N, D, C, A, B, E, al, be, lam = sp.symbols("N D C A B E alpha beta lambda", positive=True)
+loss = E + A / N**al + B / D**be
+lagrangian = loss + lam * (6 * N * D - C)
+dN, dD = sp.diff(lagrangian, N), sp.diff(lagrangian, D)
+lam_star = sp.solve(dN, lam)[0]
+balance = sp.simplify(dD.subs(lam, lam_star) * D)  # both conditions together
+assert sp.simplify(balance - (al * A / N**al - be * B / D**be)) == 0
+display(sp.Eq(sp.Symbol(r"\lambda"), lam_star), sp.Eq(al * A / N**al, be * B / D**be))
+
+# %% [markdown]
+# The two conditions combine into a **balance**: at the optimum $\alpha A/N^\alpha =
+# \beta B/D^\beta$ (both equal $6\lambda ND$). Moving a fraction $\varepsilon$ of the budget
+# from data to parameters (multiplying $N$ by $1 + \varepsilon$ and $D$ by
+# $1/(1 + \varepsilon)$) changes the loss by $\varepsilon(-\alpha A/N^\alpha +
+# \beta B/D^\beta)$ to first order, so at the optimum nothing is gained either way. Putting
+# $D = C/(6N)$ into the balance and solving for $N$:
+
+# %%
+(N_star,) = sp.solve(balance.subs(D, C / (6 * N)), N)
+D_star = C / (6 * N_star)
+G = (al * A / (be * B)) ** (1 / (al + be))
+N_closed, D_closed = G * (C / 6) ** (be / (al + be)), (C / 6) ** (al / (al + be)) / G
+assert sp.simplify(N_star - N_closed) == 0
+assert sp.simplify(sp.powsimp(D_star / D_closed, force=True)) == 1
+display(sp.Eq(sp.Symbol("N_{opt}"), N_star),
+        sp.Eq(sp.Symbol("N_{opt}"), sp.Symbol("G") * (C / 6) ** (be / (al + be))),
+        sp.Eq(sp.Symbol("D_{opt}"), sp.Symbol("G^{-1}") * (C / 6) ** (al / (al + be))),
+        sp.Eq(sp.Symbol("G"), G))
+
+# %% [markdown]
+# This is equation 4 of Hoffmann et al. (2022): $N_{opt} \propto C^a$ and
+# $D_{opt} \propto C^b$ with $a = \beta/(\alpha + \beta)$ and $b = \alpha/(\alpha + \beta)$,
+# $a + b = 1$. Whichever term of the loss falls more slowly gets the larger share of any
+# extra compute: if $\beta < \alpha$ (data helps more slowly), $D$ must grow faster.
+# The package implements the closed form:
+
+# %%
+show_source(compute_optimal)
+
+# %% [markdown]
+# A check that does not use the derivation: minimise $L(N, C/6N)$ over $\log N$ numerically
+# with a golden-section search (below), at budgets from $10^{18}$ to $10^{25}$ FLOPs, for
+# both sets of constants. $E$ does not move the minimum, so the search minimises the
+# reducible part alone, which keeps more significant digits: values of a smooth function
+# are flat to round-off within about $\sqrt{\epsilon} \approx 10^{-8}$ of a minimum, so a
+# search on values alone is good to roughly $10^{-7}$ in $N$, and we ask for $10^{-6}$.
+
+# %%
+show_source(golden_section_minimize)
+
+# %%
+def numeric_n_opt(C_, name):
+    c = get_constants(name)
+
+    def reducible_loss(log_n):
+        return c.A * math.exp(-c.alpha * log_n) + c.B * (C_ / (6 * math.exp(log_n))) ** -c.beta
+
+    return math.exp(golden_section_minimize(reducible_loss, math.log(1e2),
+                                            math.log(C_ / 6 / 1e2), tol=1e-12))
+
+
+checks = Checks("compute_optimal vs numeric minimisation (relative error in N_opt)")
+for name in CHINCHILLA_CONSTANTS:
+    for C_ in (1e18, 1e20, 1e22, 5.76e23, 1e25):
+        N_opt, D_opt = compute_optimal(C_, name)
+        checks.close(f"{name}, C = {C_:.3g}", N_opt, numeric_n_opt(C_, name), tol=1e-6, rel=True)
+        checks.close(f"{name}, C = {C_:.3g}: 6 N D = C", C_, training_flops(N_opt, D_opt),
+                     tol=1e-12, rel=True)
+checks
+
+# %% [markdown]
+# The **iso-FLOP curves** make the optimum visible: at each budget, the loss of every
+# model size trained on the tokens the budget allows. Each curve is a valley; its bottom
+# (the dot, from the closed form) moves right as $C$ grows. Both panels share the axes:
+
+# %%
+budgets = [1e18, 1e19, 1e20, 1e21, 1e22, 1e23, 1e24]
+fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+for ax, name in zip(axes, CHINCHILLA_CONSTANTS, strict=True):
+    for i, C_ in enumerate(budgets):
+        ns = np.logspace(6.5, 12.5, 300)
+        ns = ns[C_ / (6 * ns) > 1e8]  # at least 100M tokens
+        color = plt.cm.viridis(i / (len(budgets) - 1))
+        ax.semilogx(ns, chinchilla_loss(ns, C_ / (6 * ns), name), color=color,
+                    label=f"C = {C_:.0e}")
+        N_opt, D_opt = compute_optimal(C_, name)
+        ax.plot(N_opt, chinchilla_loss(N_opt, D_opt, name), "o", color=color)
+    ax.set_ylim(1.8, 4.5)
+    ax.set_xlabel("parameters N")
+    ax.set_title(f"Iso-FLOP curves, {name}")
+axes[0].set_ylabel("predicted loss L(N, C / 6N) (nats/token)")
+axes[1].legend(fontsize=8)
+save_figure(fig, "11_scaling_laws_isoflop")
+plt.show()
+
+# %% [markdown]
+# The valleys are shallow near the bottom: a model twice too large or too small costs
+# little (exercise 1 makes this precise). The two fits put the bottoms in about the same
+# place at $10^{18}$ FLOPs, but the replication's move right faster.
+#
+# ## 11.6 Where the two fits disagree
+#
+# The exponents of $N_{opt} \propto C^a$ and $D_{opt} \propto C^b$, and the number of
+# training tokens per parameter $D_{opt}/N_{opt} = G^{-2}(C/6)^{(\alpha-\beta)/(\alpha+\beta)}$,
+# at budgets from $10^{18}$ to $10^{26}$ FLOPs:
+
+# %%
+for name in CHINCHILLA_CONSTANTS:
+    a_, b_ = optimal_exponents(name)
+    print(f"{name}: N_opt ~ C^{a_:.4f}, D_opt ~ C^{b_:.4f}")
+table_budgets = [1e18, 1e20, 1e22, 5.88e23, 1e24, 1e26]
+print(f"\n{'C (FLOPs)':>10s}" + "".join(f"{n + ': N_opt':>22s}{'D/N':>7s}"
+                                      for n in CHINCHILLA_CONSTANTS))
+for C_ in table_budgets:
+    row = f"{C_:10.3g}"
+    for name in CHINCHILLA_CONSTANTS:
+        N_opt, _ = compute_optimal(C_, name)
+        row += f"{N_opt:22.3g}{tokens_per_parameter(C_, name):7.1f}"
+    print(row)
+
+# %% [markdown]
+# Hoffmann et al. report $a = 0.50, 0.49$ and $0.46$ for their three approaches (their
+# Table 2); the published approach-3 constants give $a = 0.28/0.62 = 0.452$. Because
+# $\alpha > \beta$ there, the tokens per parameter *grow* with the budget, from 26 at
+# $10^{18}$ FLOPs to 93 at Chinchilla's budget and 153 at $10^{26}$. The replication has
+# $\alpha < \beta$, $a = 0.513$, and tokens per parameter that fall slowly, from 26 to 16
+# over the same range: 18 at Chinchilla's budget, close to the 20 tokens per parameter
+# that Chinchilla itself used (1.4T / 70B) and that became the field's rule of thumb. At
+# $5.88 \times 10^{23}$ FLOPs the original fit recommends a 32B model on 3.0T tokens, the
+# replication a 73B model on 1.3T tokens, which is Chinchilla's actual shape. The
+# published constants disagree with the paper's own headline model; the refit does not.
+
+# %%
+Cs = np.logspace(18, 26, 100)
+fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+for name, style in zip(CHINCHILLA_CONSTANTS, ("-", "--"), strict=True):
+    N_opt, D_opt = compute_optimal(Cs, name)
+    axes[0].loglog(Cs, N_opt, style, label=f"{name}: $N_{{opt}} \\propto C^{{"
+                   f"{optimal_exponents(name)[0]:.3f}}}$")
+    axes[1].semilogx(Cs, D_opt / N_opt, style, label=name)
+for model_name, (N_, D_) in models.items():
+    axes[0].plot(training_flops(N_, D_), N_, "o", label=f"{model_name} (actual)")
+    axes[1].plot(training_flops(N_, D_), D_ / N_, "o", label=f"{model_name} (actual)")
+axes[0].set_ylabel("compute-optimal parameters $N_{opt}$")
+axes[1].set_ylabel("tokens per parameter $D_{opt}/N_{opt}$")
+for ax, title in zip(axes, ("Compute-optimal model size", "Tokens per parameter"), strict=True):
+    ax.set_xlabel("training compute C (FLOPs)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+save_figure(fig, "11_scaling_laws_optimal")
+plt.show()
+
+# %% [markdown]
+# Left: the two lines of compute-optimal size cross near $10^{18}$ FLOPs (exercise 3) and
+# diverge to a factor of 2.3 at $10^{24}$; Chinchilla sits on the replication's line, Gopher
+# far above both (4 times too large for its compute by the replication, 9 times by the
+# original fit). Right: the original fit's tokens per
+# parameter climb steadily while the replication's stay near 20. Small differences in
+# fitted exponents become large differences in recommendations after extrapolating over
+# six orders of magnitude; a scaling law is only as good as the fit behind it.
+#
+# ## Exercises
+#
+# Reference solutions are in `notebooks/solutions/11_scaling_laws.py` and are checked by
+# `tests/test_solutions_11.py`.
+#
+# 1. (★) **The price of the wrong size.** Train a model $k$ times larger than $N_{opt}$ on
+#    $k$ times fewer tokens (same $C$). Show with SymPy that the *fraction* by which the
+#    reducible loss $L - E$ exceeds its optimum depends only on $k$, $\alpha$ and $\beta$,
+#    not on $C$, $A$ or $B$. Evaluate it for $k = 2$ and $k = 10$ for both fits.
+# 2. (★★) **Hoffmann's approach 2.** For budgets $10^{19}, \dots, 10^{23}$, evaluate the
+#    Besiroglu loss at 9 model sizes around the optimum (0.3 decades apart), multiply by
+#    $\exp(0.002\,\varepsilon)$ noise, fit a parabola in $\log N$ to each iso-FLOP profile,
+#    take its vertex as $N_{opt}$, and fit $N_{opt} \propto C^a$ with `fit_power_law`. How
+#    close is $a$ to $\beta/(\alpha + \beta)$?
+# 3. (★) **Where the fits agree.** Find in closed form the budget at which the two fits
+#    recommend the same $N_{opt}$, and the tokens per parameter there.
+# 4. (★★) **Over-training.** Llama 2 7B was trained on 2T tokens (Touvron et al., 2023,
+#    "Llama 2: Open Foundation and Fine-Tuned Chat Models"). For each fit, predict its loss,
+#    find the compute-optimal budget $C^*$ that reaches the same loss (a one-dimensional
+#    root), and the ratio of the compute actually spent to $C^*$. Why would anyone pay it?

@@ -1,0 +1,141 @@
+"""Reference solutions to the exercises of notebooks/11_scaling_laws (checked by tests/test_solutions_11.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import sympy as sp
+
+from llmbook.scaling import (
+    ChinchillaConstants,
+    chinchilla_loss,
+    compute_optimal,
+    fit_power_law,
+    get_constants,
+    optimal_exponents,
+    tokens_per_parameter,
+    training_flops,
+)
+
+# ---------------------------------------------------------------- exercise 1
+
+
+def size_penalty_symbolic() -> tuple[sp.Expr, tuple[sp.Symbol, ...]]:
+    """Exercise 1: the excess reducible loss of a model k times the optimal size, as a fraction.
+
+    At the optimum both terms are tied by the balance alpha A / N^alpha = beta B / D^beta =: M,
+    so A / N^alpha = M / alpha and B / D^beta = M / beta. With N -> k N and D -> D / k:
+
+        excess = (L - E)(k) / (L - E)(1) - 1 = ((k^-alpha - 1)/alpha + (k^beta - 1)/beta)
+                                               / (1/alpha + 1/beta),
+
+    in which M, hence C, A and B, cancel. Derived here from the loss with M eliminated;
+    returns the expression and its symbols (k, alpha, beta).
+    """
+    k, al, be, M = sp.symbols("k alpha beta M", positive=True)
+    term_n, term_d = M / al, M / be  # A / N_opt^alpha and B / D_opt^beta at the optimum
+    reducible_opt = term_n + term_d
+    reducible_k = term_n * k**-al + term_d * k**be  # (k N)^-alpha and (D / k)^-beta
+    excess = sp.simplify(reducible_k / reducible_opt - 1)
+    assert M not in excess.free_symbols
+    return excess, (k, al, be)
+
+
+def size_penalty(k: float, constants: str | ChinchillaConstants = "hoffmann2022") -> float:
+    """Exercise 1: the fraction by which L - E exceeds its optimum for a model k times too large."""
+    c = get_constants(constants)
+    if not k > 0:
+        raise ValueError(f"k must be > 0, got k={k}")
+    a, b = c.alpha, c.beta
+    return ((k**-a - 1) / a + (k**b - 1) / b) / (1 / a + 1 / b)
+
+
+# ---------------------------------------------------------------- exercise 2
+
+
+def isoflop_exponent(constants: str | ChinchillaConstants = "besiroglu2024",
+                     budgets: tuple[float, ...] = (1e19, 1e20, 1e21, 1e22, 1e23),
+                     noise: float = 0.002, seed: int = 0, points: int = 9,
+                     spacing_decades: float = 0.3) -> tuple[float, np.ndarray]:
+    """Exercise 2: Hoffmann et al.'s approach 2 on synthetic iso-FLOP profiles.
+
+    For each budget C: ``points`` model sizes ``spacing_decades`` apart, centred on a
+    deliberately rough guess (N ~ 0.1 sqrt(C), not the true optimum), each loss
+    L(N, C/6N) multiplied by exp(noise * standard normal); a parabola in log N through
+    the profile; its vertex is the estimated N_opt. Returns the exponent a of
+    N_opt ~ C^a fitted with :func:`fit_power_law` and the vertices, shape (len(budgets),).
+    """
+    rng = np.random.default_rng(seed)
+    vertices = []
+    for C in budgets:
+        centre = math.log10(0.1 * math.sqrt(C))
+        offsets = spacing_decades * (np.arange(points) - (points - 1) / 2)
+        N = 10.0 ** (centre + offsets)  # (points,)
+        loss = chinchilla_loss(N, C / (6 * N), constants)
+        loss = loss * np.exp(noise * rng.standard_normal(points))
+        c2, c1, _ = np.polyfit(np.log(N), loss, 2)  # loss ~ c2 u^2 + c1 u + c0, u = log N
+        vertices.append(math.exp(-c1 / (2 * c2)))
+    vertices = np.array(vertices)
+    fit = fit_power_law(np.array(budgets), 1.0 / vertices)  # 1 / N_opt = a' C^(-a)
+    return fit.alpha, vertices
+
+
+# ---------------------------------------------------------------- exercise 3
+
+
+def agreement_budget(first: str = "hoffmann2022", second: str = "besiroglu2024") -> float:
+    """Exercise 3: the budget C at which the two fits recommend the same N_opt.
+
+    G1 (C/6)^a1 = G2 (C/6)^a2  =>  C = 6 (G2 / G1)^(1 / (a1 - a2)).
+    At that C, D_opt = C / (6 N_opt) agrees too, and so do the tokens per parameter.
+    """
+    def G(c: ChinchillaConstants) -> float:
+        return (c.alpha * c.A / (c.beta * c.B)) ** (1 / (c.alpha + c.beta))
+
+    c1, c2 = get_constants(first), get_constants(second)
+    a1, a2 = optimal_exponents(c1)[0], optimal_exponents(c2)[0]
+    if a1 == a2:
+        raise ValueError("the two fits have the same exponent: their lines never cross")
+    return 6.0 * (G(c2) / G(c1)) ** (1.0 / (a1 - a2))
+
+
+def agreement_tokens_per_parameter() -> float:
+    """Exercise 3: the tokens per parameter at :func:`agreement_budget` (the same for both fits)."""
+    return float(tokens_per_parameter(agreement_budget(), "hoffmann2022"))
+
+
+# ---------------------------------------------------------------- exercise 4
+
+
+def optimal_loss(C: float, constants: str | ChinchillaConstants) -> float:
+    """The loss of the compute-optimal model at budget C."""
+    return chinchilla_loss(*compute_optimal(C, constants), constants)
+
+
+def overtraining(N: float = 7e9, D: float = 2e12,
+                 constants: str | ChinchillaConstants = "hoffmann2022") -> dict[str, float]:
+    """Exercise 4: a model trained past its compute-optimal point, and what it cost.
+
+    The optimal loss falls monotonically with C, so the budget C* whose optimal model
+    matches L(N, D) is found by bisection on log C (to 1e-12 relative). Returns
+    ``loss``, ``C`` (= 6 N D), ``C_star``, ``compute_ratio`` = C / C* and ``N_star``.
+    The price buys a smaller model for the same loss: cheaper at inference, which for a
+    widely used model soon outweighs the extra training.
+    """
+    target = chinchilla_loss(N, D, constants)
+    C = training_flops(N, D)
+    lo, hi = math.log(1e10), math.log(C)  # optimal at C is no worse than (N, D): L_opt(C) <= target
+    if optimal_loss(math.exp(lo), constants) <= target:
+        raise ValueError("the loss is reachable below 1e10 FLOPs; widen the bracket")
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if optimal_loss(math.exp(mid), constants) > target:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12:
+            break
+    C_star = math.exp((lo + hi) / 2)
+    return {"loss": target, "C": C, "C_star": C_star, "compute_ratio": C / C_star,
+            "N_star": compute_optimal(C_star, constants)[0]}

@@ -1,0 +1,338 @@
+"""Tests for llmbook.scaling: power-law fits, C = 6ND, Chinchilla's compute-optimal allocation."""
+
+import math
+
+import numpy as np
+import pytest
+import sympy as sp
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.flop_counter import FlopCounterMode
+
+from llmbook.model import TransformerConfig, TransformerLM
+from llmbook.scaling import (
+    CHINCHILLA_CONSTANTS,
+    ChinchillaConstants,
+    PowerLawFit,
+    chinchilla_loss,
+    compute_optimal,
+    fit_power_law,
+    get_constants,
+    golden_section_minimize,
+    optimal_exponents,
+    tokens_per_parameter,
+    training_flops,
+)
+from llmbook.sizing import flops_per_token, flops_per_token_symbolic, parameter_shares
+
+BUDGETS = [1e18, 1e19, 1e20, 1e21, 1e22, 5.76e23, 1e24, 1e25]
+
+# ---------------------------------------------------------------- fit_power_law
+
+
+def test_fit_power_law_worked_example():
+    fit = fit_power_law([1.0, 2.0, 4.0, 8.0], [3.0, 3.0 / 2**0.5, 1.5, 3.0 / 8**0.5])
+    assert isinstance(fit, PowerLawFit)
+    assert fit.a == pytest.approx(3.0, rel=1e-14)
+    assert fit.alpha == pytest.approx(0.5, rel=1e-14)
+    assert fit.E == 0.0 and not fit.offset_fitted
+    assert fit.r_squared == pytest.approx(1.0, abs=1e-14)
+    assert np.max(np.abs(fit.residuals)) < 1e-14
+    assert fit.predict(16.0) == pytest.approx(0.75, rel=1e-14)
+    assert fit.predict(np.array([[1.0, 4.0]])).shape == (1, 2)
+
+
+def test_fit_power_law_matches_numpy_polyfit():
+    rng = np.random.default_rng(3)
+    x = np.logspace(1, 5, 11)
+    y = 7.0 * x**-0.37 * np.exp(0.05 * rng.standard_normal(11))
+    fit = fit_power_law(x, y)
+    slope, intercept = np.polyfit(np.log(x), np.log(y), 1)
+    assert fit.alpha == pytest.approx(-slope, rel=1e-12)
+    assert fit.a == pytest.approx(math.exp(intercept), rel=1e-12)
+    r = np.corrcoef(np.log(x), np.log(y))[0, 1]
+    assert fit.r_squared == pytest.approx(r**2, rel=1e-12)  # R^2 of a line = squared correlation
+    assert 0.9 < fit.r_squared < 1.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(a=st.floats(1e-3, 1e3), alpha=st.floats(-1.5, 1.5), lo=st.floats(-3, 3),
+       span=st.floats(0.5, 8), n=st.integers(2, 20))
+def test_fit_power_law_recovers_exact_power_law(a, alpha, lo, span, n):
+    x = np.logspace(lo, lo + span, n)
+    fit = fit_power_law(x, a * x ** (-alpha))
+    assert fit.alpha == pytest.approx(alpha, abs=1e-9)
+    assert fit.a == pytest.approx(a, rel=1e-8)
+    assert np.max(np.abs(fit.residuals)) < 1e-9
+
+
+@settings(max_examples=25, deadline=None)
+@given(a=st.floats(0.1, 100), alpha=st.floats(0.05, 1.0), sigma=st.floats(0.001, 0.1),
+       seed=st.integers(0, 2**32 - 1))
+def test_fit_power_law_noisy_within_standard_error(a, alpha, sigma, seed):
+    """Multiplicative log-normal noise: the fitted slope is within 6 standard errors."""
+    rng = np.random.default_rng(seed)
+    x = np.logspace(2, 7, 30)
+    y = a * x ** (-alpha) * np.exp(sigma * rng.standard_normal(x.size))
+    fit = fit_power_law(x, y)
+    u = np.log(x)
+    se = sigma / math.sqrt(np.sum((u - u.mean()) ** 2))  # standard error of the slope
+    assert abs(fit.alpha - alpha) < 6 * se
+    assert fit.r_squared <= 1.0
+
+
+@settings(max_examples=25, deadline=None)
+@given(E=st.floats(0.1, 3.0), a=st.floats(0.5, 50), alpha=st.floats(0.1, 0.8))
+def test_fit_power_law_with_offset_given_and_fitted(E, a, alpha):
+    x = np.logspace(2, 8, 9)
+    y = E + a * x ** (-alpha)
+    given_fit = fit_power_law(x, y, offset=E)
+    assert given_fit.alpha == pytest.approx(alpha, rel=1e-7)
+    assert given_fit.a == pytest.approx(a, rel=1e-6)
+    fitted = fit_power_law(x, y, offset="fit")
+    assert fitted.offset_fitted
+    assert fitted.E == pytest.approx(E, rel=1e-5)
+    assert fitted.alpha == pytest.approx(alpha, rel=1e-4)
+    assert np.allclose(fitted.predict(x), y, rtol=1e-7)
+
+
+def test_fit_power_law_offset_fit_noisy():
+    rng = np.random.default_rng(0)
+    x = np.logspace(3, 9, 13)
+    y = (1.7 + 40 * x**-0.3) * np.exp(0.002 * rng.standard_normal(13))
+    fit = fit_power_law(x, y, offset="fit")
+    assert fit.E == pytest.approx(1.7, abs=0.02)
+    assert fit.alpha == pytest.approx(0.3, abs=0.03)
+    # ignoring the offset bends the line: a much worse straight-line fit
+    assert fit_power_law(x, y).r_squared < 0.95 < fit.r_squared
+
+
+@pytest.mark.parametrize("x, y, offset, match", [
+    ([1.0, -2.0, 3.0], [1.0, 2.0, 3.0], None, r"x\[1\] = -2\.0"),
+    ([1.0, 2.0, 0.0], [1.0, 2.0, 3.0], None, r"x\[2\] = 0\.0"),
+    ([1.0, 2.0, 3.0], [1.0, 0.0, 3.0], None, r"y\[1\] = 0\.0"),
+    ([1.0, 2.0, 3.0], [1.0, float("nan"), 3.0], None, r"y\[1\] = nan"),
+    ([1.0, 2.0, 3.0], [1.0, 2.0], None, "same length, got 3 and 2"),
+    ([1.0], [1.0], None, "at least 2 points, got 1"),
+    ([2.0, 2.0], [1.0, 3.0], None, "all equal"),
+    ([1.0, 2.0], [3.0, 1.0], "fit", "at least 3 points, got 2"),
+    ([1.0, 2.0, 3.0], [3.0, 2.0, 1.5], "magic", "offset must be None, a number or 'fit'"),
+    ([1.0, 2.0, 3.0], [3.0, 2.0, 1.5], 1.5, r"exceed the offset 1\.5, got y\[2\] = 1\.5"),
+    ([[1.0, 2.0]], [[3.0, 2.0]], None, "must be 1-D"),
+])
+def test_fit_power_law_errors(x, y, offset, match):
+    with pytest.raises(ValueError, match=match):
+        fit_power_law(x, y, offset=offset)
+
+
+# ---------------------------------------------------------------- golden_section_minimize
+
+
+def test_golden_section_minimize():
+    x = golden_section_minimize(lambda t: (t - 0.3) ** 2 + 1.0, -2.0, 5.0, tol=1e-12)
+    assert abs(x - 0.3) < 1e-7  # values are flat to round-off within ~sqrt(eps) of the minimum
+    x = golden_section_minimize(lambda t: math.cosh(t - 1.25), 0.0, 10.0, tol=1e-10)
+    assert abs(x - 1.25) < 1e-7
+    assert golden_section_minimize(lambda t: t, 0.0, 1.0, tol=1e-9) < 1e-8  # boundary minimum
+    for lo, hi, tol, match in [(1.0, 1.0, 1e-6, "lo < hi"), (0.0, math.inf, 1e-6, "finite"),
+                               (0.0, 1.0, 0.0, "tol must be > 0")]:
+        with pytest.raises(ValueError, match=match):
+            golden_section_minimize(abs, lo, hi, tol=tol)
+
+
+# ---------------------------------------------------------------- constants and the loss
+
+
+def test_published_constants():
+    h, b = get_constants("hoffmann2022"), get_constants("besiroglu2024")
+    assert (h.E, h.A, h.B, h.alpha, h.beta) == (1.69, 406.4, 410.7, 0.34, 0.28)
+    assert (b.E, b.A, b.B, b.alpha, b.beta) == (1.8172, 482.01, 2085.43, 0.3478, 0.3658)
+    assert "Hoffmann" in h.source and "Besiroglu" in b.source
+    assert set(CHINCHILLA_CONSTANTS) == {"hoffmann2022", "besiroglu2024"}
+    assert get_constants(h) is h
+    with pytest.raises(ValueError, match=r"known: \['besiroglu2024', 'hoffmann2022'\]"):
+        get_constants("kaplan2020")
+    with pytest.raises(TypeError, match="got int"):
+        get_constants(3)
+
+
+def test_chinchilla_loss_worked_example():
+    # Chinchilla itself: 70B parameters, 1.4T tokens
+    want = 1.69 + 406.4 / 70e9**0.34 + 410.7 / 1.4e12**0.28
+    assert chinchilla_loss(70e9, 1.4e12, "hoffmann2022") == pytest.approx(want, rel=1e-15)
+    assert chinchilla_loss(70e9, 1.4e12, "hoffmann2022") == pytest.approx(1.93665, abs=1e-5)
+    assert chinchilla_loss(70e9, 1.4e12, "besiroglu2024") == pytest.approx(1.97388, abs=1e-5)
+    assert isinstance(chinchilla_loss(1e9, 1e10), float)
+    custom = ChinchillaConstants(E=1.0, A=2.0, B=3.0, alpha=1.0, beta=0.5, source="test")
+    assert chinchilla_loss(4.0, 9.0, custom) == pytest.approx(1.0 + 0.5 + 1.0)
+
+
+def test_chinchilla_loss_arrays_broadcast_and_decrease():
+    N = np.logspace(6, 11, 4)[:, None]  # (4, 1)
+    D = np.logspace(8, 13, 3)[None, :]  # (1, 3)
+    grid = chinchilla_loss(N, D, "besiroglu2024")
+    assert grid.shape == (4, 3)
+    assert np.all(np.diff(grid, axis=0) < 0) and np.all(np.diff(grid, axis=1) < 0)
+    assert np.all(grid > get_constants("besiroglu2024").E)
+    assert grid[2, 1] == chinchilla_loss(N[2, 0], D[0, 1], "besiroglu2024")
+
+
+@pytest.mark.parametrize("N, D, match", [
+    (0.0, 1e9, r"N must be finite and positive, got 0\.0"),
+    (1e9, -5.0, r"D must be finite and positive, got -5\.0"),
+    (np.array([1e9, np.inf]), 1e9, r"got inf \(at flat index 1\)"),
+    (np.ones(3), np.ones(2), r"shape \(3,\) and D of shape \(2,\) do not broadcast"),
+])
+def test_chinchilla_loss_errors(N, D, match):
+    with pytest.raises(ValueError, match=match):
+        chinchilla_loss(N, D)
+
+
+# ---------------------------------------------------------------- compute-optimal allocation
+
+
+def test_lagrange_derivation_equals_closed_form():
+    """Re-derive the optimum in SymPy: stationary point of the Lagrangian, then N from 6ND = C."""
+    N, D, C, A, B, E, al, be, lam = sp.symbols("N D C A B E alpha beta lambda", positive=True)
+    lagrangian = E + A / N**al + B / D**be + lam * (6 * N * D - C)
+    dN, dD = sp.diff(lagrangian, N), sp.diff(lagrangian, D)
+    lam_star = sp.solve(dN, lam)[0]
+    balance = sp.simplify(dD.subs(lam, lam_star))  # alpha A / N^alpha = beta B / D^beta, / D
+    (N_star,) = sp.solve(balance.subs(D, C / (6 * N)), N)
+    G = (al * A / (be * B)) ** (1 / (al + be))
+    assert sp.simplify(N_star - G * (C / 6) ** (be / (al + be))) == 0
+    D_star = C / (6 * N_star)
+    assert sp.simplify(sp.powsimp(D_star / (G**-1 * (C / 6) ** (al / (al + be))), force=True)) == 1
+    # and the numbers of compute_optimal are this expression evaluated
+    for name in CHINCHILLA_CONSTANTS:
+        c = get_constants(name)
+        values = {A: c.A, B: c.B, al: c.alpha, be: c.beta, C: 1e21}
+        assert compute_optimal(1e21, c)[0] == pytest.approx(float(N_star.subs(values)), rel=1e-12)
+
+
+def numeric_optimum(C, name):
+    """argmin over N of L(N, C / 6N) - E by golden-section search on log N (E moves nothing)."""
+    c = get_constants(name)
+
+    def reducible(log_n):
+        n = math.exp(log_n)
+        return c.A * n**-c.alpha + c.B * (C / (6 * n)) ** -c.beta
+
+    return math.exp(golden_section_minimize(reducible, math.log(1e2), math.log(C / 6 / 1e2),
+                                            tol=1e-12))
+
+
+@pytest.mark.parametrize("name", sorted(CHINCHILLA_CONSTANTS))
+@pytest.mark.parametrize("C", BUDGETS)
+def test_compute_optimal_matches_numeric_minimisation(name, C):
+    N_opt, D_opt = compute_optimal(C, name)
+    assert abs(numeric_optimum(C, name) / N_opt - 1) < 1e-6
+    assert training_flops(N_opt, D_opt) == pytest.approx(C, rel=1e-12)
+    c = get_constants(name)  # the balance condition at the optimum
+    assert c.alpha * c.A / N_opt**c.alpha == pytest.approx(c.beta * c.B / D_opt**c.beta, rel=1e-10)
+    # perturbing N along the budget curve can only increase the loss
+    best = chinchilla_loss(N_opt, D_opt, name)
+    for k in (0.5, 0.9, 1.1, 2.0):
+        assert chinchilla_loss(k * N_opt, D_opt / k, name) > best
+
+
+def test_compute_optimal_exponents_and_arrays():
+    budgets = np.array(BUDGETS)
+    for name in CHINCHILLA_CONSTANTS:
+        a, b = optimal_exponents(name)
+        assert a + b == pytest.approx(1.0, abs=1e-15)
+        N_opt, D_opt = compute_optimal(budgets, name)
+        assert N_opt.shape == D_opt.shape == budgets.shape
+        assert fit_power_law(budgets, 1 / N_opt).alpha == pytest.approx(a, rel=1e-10)
+        assert fit_power_law(budgets, 1 / D_opt).alpha == pytest.approx(b, rel=1e-10)
+        assert np.allclose(tokens_per_parameter(budgets, name), D_opt / N_opt, rtol=1e-14)
+    assert optimal_exponents("hoffmann2022")[0] == pytest.approx(0.28 / 0.62, rel=1e-15)
+    assert optimal_exponents("besiroglu2024")[0] == pytest.approx(0.3658 / 0.7136, rel=1e-15)
+
+
+def test_tokens_per_parameter_at_chinchilla_budget():
+    """The two fits at Chinchilla's compute (6 * 70e9 * 1.4e12 = 5.88e23 FLOPs)."""
+    C = training_flops(70e9, 1.4e12)
+    assert C == pytest.approx(5.88e23)
+    h, b = tokens_per_parameter(C, "hoffmann2022"), tokens_per_parameter(C, "besiroglu2024")
+    c = get_constants("hoffmann2022")
+    G = (c.alpha * c.A / (c.beta * c.B)) ** (1 / (c.alpha + c.beta))
+    assert h == pytest.approx(G**-2 * (C / 6) ** ((c.alpha - c.beta) / (c.alpha + c.beta)))
+    assert 15 < b < 25 < 80 < h  # the replication is near 20 tokens/parameter; the original not
+    # for alpha < beta (the replication) tokens/parameter falls as C grows, for alpha > beta it rises
+    assert tokens_per_parameter(1e25, "besiroglu2024") < b
+    assert tokens_per_parameter(1e25, "hoffmann2022") > h
+
+
+@pytest.mark.parametrize("C", [0.0, -1e20, float("nan")])
+def test_compute_optimal_errors(C):
+    with pytest.raises(ValueError, match="C must be finite and positive"):
+        compute_optimal(C)
+    with pytest.raises(ValueError, match="C must be finite and positive"):
+        tokens_per_parameter(C)
+
+
+# ---------------------------------------------------------------- C = 6 N D
+
+
+def test_training_flops():
+    assert training_flops(70e9, 1.4e12) == 6 * 70e9 * 1.4e12
+    assert training_flops(np.array([1.0, 2.0]), 3.0).tolist() == [18.0, 36.0]
+    with pytest.raises(ValueError, match=r"N must be finite and positive, got -1\.0"):
+        training_flops(-1.0, 5.0)
+
+
+def n_matmul(c: TransformerConfig) -> int:
+    """Parameters that take part in matrix products: all but embeddings lookups, biases, norms."""
+    shares = parameter_shares(c)
+    weights = shares["attention"] + shares["mlp"] + c.vocab_size * c.d_model  # + the LM head
+    weights -= c.n_layers * (c.qkv_bias * (c.n_heads + 2 * c.n_kv_heads) * c.d_head
+                             + c.out_bias * c.d_model)
+    weights -= c.n_layers * c.mlp_bias * ((3 if c.mlp == "swiglu" else 2) - 1) * c.d_ff
+    weights -= c.n_layers * c.mlp_bias * c.d_model
+    return weights
+
+
+@pytest.mark.parametrize("config, T", [
+    (TransformerConfig.gpt2_style(), 1024),
+    (TransformerConfig.llama_style(), 2048),
+    (TransformerConfig.llama_style(vocab_size=16, d_model=24, n_layers=2, n_heads=2), 32),
+    (TransformerConfig.gpt2_style(vocab_size=50, d_model=12, n_layers=3, n_heads=3,
+                                  max_seq_len=20), 7),
+])
+def test_six_n_from_flops_per_token(config, T):
+    """3 x forward = 6 N_mm + 3 x (attention term 4 L T H d_h): exactly, for any shape."""
+    attention = 4 * config.n_layers * T * config.n_heads * config.d_head
+    assert 3 * flops_per_token(config, T) == 6 * n_matmul(config) + 3 * attention
+
+
+def test_attention_share_is_t_over_6d():
+    """Per layer with H d_h = d and 12 d^2 weights, attention / weight FLOPs = T / (6 d)."""
+    V, d, L, H, H_kv, d_h, d_ff, m, T, *_ = sp.symbols(
+        "V d L H H_kv d_h d_ff m T T_max b_qkv b_o b_mlp b_n u p", integer=True, nonnegative=True)
+    fwd = flops_per_token_symbolic()
+    layer = {H_kv: H, d_h: d / H, V: 0, L: 1}
+    for mm, ff in ((2, 4 * d), (3, sp.Rational(8, 3) * d)):  # GELU MLP, SwiGLU
+        per_layer = sp.expand(fwd.subs(layer).subs({m: mm, d_ff: ff}))
+        weights = per_layer.coeff(T, 0)
+        assert sp.simplify(weights - 24 * d**2) == 0  # 2 x 12 d^2
+        assert sp.simplify(per_layer.coeff(T, 1) * T / weights - T / (6 * d)) == 0
+
+
+def test_backward_is_twice_forward_flop_counter():
+    """FlopCounterMode on a tiny model: forward + backward = 3 x forward (every matmul)."""
+    c = TransformerConfig.llama_style(vocab_size=11, d_model=12, n_layers=2, n_heads=3,
+                                      max_seq_len=16)
+    model = TransformerLM(c, generator=torch.Generator().manual_seed(0))
+    model.set_fused_attention(False)  # the fused kernel is invisible to the counter
+    ids = torch.randint(0, 11, (2, 9), generator=torch.Generator().manual_seed(1))
+    with FlopCounterMode(display=False) as fwd:
+        logits = model(ids)
+    with FlopCounterMode(display=False) as both:
+        loss = F.cross_entropy(model(ids).reshape(-1, 11), ids.reshape(-1))
+        loss.backward()
+    assert fwd.get_total_flops() == 2 * 9 * flops_per_token(c, 9)
+    assert both.get_total_flops() == 3 * fwd.get_total_flops()
+    assert logits.shape == (2, 9, 11)

@@ -1,0 +1,102 @@
+"""The exercise solutions of notebooks/10_training hold."""
+
+import copy
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmbook.data import MarkovSource, default_source
+from llmbook.model import TransformerConfig, TransformerLM
+from llmbook.optim import AdamW
+from llmbook.pretrained import RECIPES, book_model
+from llmbook.train import get_batch, param_groups, train_step
+
+PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "10_training.py"
+spec = importlib.util.spec_from_file_location("solutions_10", PATH)
+solutions = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(solutions)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_tokens_and_epochs():
+    assert solutions.tokens_and_epochs(600, 128, 16, 1_000_000) == (1_228_800, 1.2288)
+    t = RECIPES["text"]["train"]
+    seen, epochs = solutions.tokens_and_epochs(t["steps"], t["batch_size"], t["context_length"],
+                                               611_863)
+    assert seen == 512_000 and 0.8 < epochs < 0.85
+    with pytest.raises(ValueError, match="num_tokens must be a positive int"):
+        solutions.tokens_and_epochs(1, 1, 1, 0)
+
+
+def test_window_floor_order_two_matches_the_chapter_formula():
+    src = default_source()
+    H = src.entropy_rate()
+    pi = src.stationary.reshape(16, 16)
+    H1 = solutions._entropy(pi) - solutions._entropy(pi.sum(1))
+    for T in (1, 2, 16, 100):
+        assert abs(solutions.window_floor(src, T) - (H1 + (T - 1) * H) / T) < 1e-12
+    assert abs(solutions.window_floor(src, 100_000) - H) < 2e-5
+    floors = solutions.per_position_floor(src, 5)
+    assert floors[0] > floors[1] == floors[4] == pytest.approx(H, abs=1e-15)
+
+
+def test_window_floor_order_three_and_iid():
+    src3 = MarkovSource(vocab_size=3, order=3, concentration=0.5, seed=1)
+    floors = solutions.per_position_floor(src3, 4)
+    # decreasing conditional entropies, reaching H at t = k - 1 = 2
+    assert floors[0] >= floors[1] >= floors[2] - 1e-12
+    assert floors[2] == floors[3] == src3.entropy_rate()
+    # brute force for position 1: H(X_2 | X_0, X_1) = H(X_0, X_1, X_2) - H(X_0, X_1)
+    joint3 = src3.stationary.reshape(3, 3, 3)
+    brute = solutions._entropy(joint3) - solutions._entropy(joint3.sum(2))
+    assert abs(floors[1] - brute) < 1e-12
+    # an i.i.d. "chain" (every row the same) has every floor equal to H
+    row = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    iid = MarkovSource.from_transition(row.repeat(9, 1), order=2)
+    assert all(abs(f - iid.entropy_rate()) < 1e-12 for f in solutions.per_position_floor(iid, 3))
+    assert abs(iid.entropy_rate() - solutions._entropy(row)) < 1e-12
+
+
+def test_accumulated_step_equals_full_batch_step():
+    cfg = TransformerConfig.llama_style(vocab_size=16, d_model=24, n_layers=1, n_heads=2,
+                                        max_seq_len=12)
+    # float64: Adam divides by sqrt(v), which would magnify float32 round-off in tiny gradients
+    a = TransformerLM(cfg, generator=torch.Generator().manual_seed(0)).double()
+    b = copy.deepcopy(a)
+    opt_a = AdamW(param_groups(a, 0.1), lr=1e-2)
+    opt_b = AdamW(param_groups(b, 0.1), lr=1e-2)
+    tokens = default_source().sample(4_000, seed=5)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x, y = get_batch(tokens, 12, 12, generator=g)
+        full, _ = train_step(a, opt_a, x, y, 1e-2, grad_clip=0.5)
+        acc = solutions.accumulated_train_step(b, opt_b, x, y, 1e-2, micro_batches=4, grad_clip=0.5)
+        assert abs(full.item() - acc.item()) < 1e-12
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-10, rtol=0)
+    with pytest.raises(ValueError, match="must divide the batch size B=12"):
+        solutions.accumulated_train_step(b, opt_b, x, y, 1e-2, micro_batches=5)
+
+
+def test_book_model_per_position_losses_respect_their_floors():
+    model, _ = book_model("synthetic")
+    src = default_source()
+    val = src.sample(50_000, seed=77)
+    loss = solutions.per_position_loss(model, val, 16, 2_000, torch.Generator().manual_seed(0))
+    floors = torch.tensor(solutions.per_position_floor(src, 16), dtype=loss.dtype)
+    assert loss.shape == (16,)
+    assert abs(loss[0].item() / floors[0].item() - 1) < 0.02
+    noise = 3 / math.sqrt(2_000)  # per-token losses have a standard deviation below 1 nat
+    assert (loss > floors - noise).all()
+    assert abs(solutions.window_floor(src, 16) - floors.mean().item()) < 1e-6
+    assert int((loss - floors).argmax()) >= 1  # the excess sits where the full context is used

@@ -1,0 +1,92 @@
+"""The exercise solutions of notebooks/11_scaling_laws hold."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sympy as sp
+
+from llmbook.scaling import (
+    CHINCHILLA_CONSTANTS,
+    chinchilla_loss,
+    compute_optimal,
+    get_constants,
+    optimal_exponents,
+    tokens_per_parameter,
+    training_flops,
+)
+
+PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "11_scaling_laws.py"
+spec = importlib.util.spec_from_file_location("solutions_11", PATH)
+solutions = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(solutions)
+
+
+@pytest.mark.parametrize("name", sorted(CHINCHILLA_CONSTANTS))
+def test_exercise_1_size_penalty_independent_of_budget(name):
+    expr, (k, al, be) = solutions.size_penalty_symbolic()
+    assert expr.free_symbols == {k, al, be}
+    assert sp.simplify(expr.subs(k, 1)) == 0  # no penalty at the optimum
+    c = get_constants(name)
+    for factor in (0.1, 0.5, 2.0, 10.0):
+        want = solutions.size_penalty(factor, name)
+        assert float(expr.subs({k: factor, al: c.alpha, be: c.beta})) == pytest.approx(want,
+                                                                                       rel=1e-12)
+        for C in (1e18, 1e21, 1e24):  # the same fraction at every budget, measured directly
+            N_opt, D_opt = compute_optimal(C, name)
+            opt = chinchilla_loss(N_opt, D_opt, name) - c.E
+            off = chinchilla_loss(factor * N_opt, D_opt / factor, name) - c.E
+            assert off / opt - 1 == pytest.approx(want, rel=1e-9)
+        assert want > 0
+    assert solutions.size_penalty(10.0, name) > solutions.size_penalty(2.0, name)
+    with pytest.raises(ValueError, match="k must be > 0"):
+        solutions.size_penalty(0.0, name)
+
+
+def test_exercise_2_isoflop_exponent():
+    a_true = optimal_exponents("besiroglu2024")[0]
+    a_clean, vertices = solutions.isoflop_exponent(noise=0.0)
+    assert vertices.shape == (5,)
+    assert abs(a_clean - a_true) < 0.005
+    for (C, vertex) in zip((1e19, 1e20, 1e21, 1e22, 1e23), vertices, strict=True):
+        assert abs(math.log10(vertex / compute_optimal(C, "besiroglu2024")[0])) < 0.05
+    a_noisy, _ = solutions.isoflop_exponent(noise=0.002, seed=0)
+    assert abs(a_noisy - a_true) < 0.02
+    a_h, _ = solutions.isoflop_exponent("hoffmann2022", noise=0.0)
+    assert abs(a_h - optimal_exponents("hoffmann2022")[0]) < 0.005
+
+
+def test_exercise_3_agreement_budget():
+    C = solutions.agreement_budget()
+    n1, d1 = compute_optimal(C, "hoffmann2022")
+    n2, d2 = compute_optimal(C, "besiroglu2024")
+    assert n1 == pytest.approx(n2, rel=1e-10) and d1 == pytest.approx(d2, rel=1e-10)
+    assert 9e17 < C < 1.1e18
+    assert solutions.agreement_budget("besiroglu2024", "hoffmann2022") == pytest.approx(C)
+    tpp = solutions.agreement_tokens_per_parameter()
+    assert tpp == pytest.approx(tokens_per_parameter(C, "besiroglu2024"), rel=1e-10)
+    assert 25 < tpp < 26.5
+    # away from it, they disagree in the direction of their exponents
+    assert compute_optimal(1e24, "besiroglu2024")[0] > compute_optimal(1e24, "hoffmann2022")[0]
+    assert compute_optimal(1e16, "besiroglu2024")[0] < compute_optimal(1e16, "hoffmann2022")[0]
+
+
+@pytest.mark.parametrize("name", sorted(CHINCHILLA_CONSTANTS))
+def test_exercise_4_overtraining(name):
+    out = solutions.overtraining(7e9, 2e12, name)
+    assert out["C"] == training_flops(7e9, 2e12)
+    assert out["loss"] == chinchilla_loss(7e9, 2e12, name)
+    assert solutions.optimal_loss(out["C_star"], name) == pytest.approx(out["loss"], rel=1e-12)
+    assert out["compute_ratio"] == pytest.approx(out["C"] / out["C_star"])
+    assert out["compute_ratio"] > 1  # over-training costs more compute than the optimum
+    assert out["N_star"] > 7e9  # the compute-optimal model of equal loss is larger
+    # a model trained at its own optimum has ratio 1
+    N_opt, D_opt = compute_optimal(3e21, name)
+    assert solutions.overtraining(N_opt, D_opt, name)["compute_ratio"] == pytest.approx(1.0,
+                                                                                          rel=1e-9)
+    # numbers: the replication says 7B on 2T paid much more than the original fit says
+    ratios = {n: solutions.overtraining(7e9, 2e12, n)["compute_ratio"] for n in CHINCHILLA_CONSTANTS}
+    assert 1.1 < ratios["hoffmann2022"] < 1.2 and 1.8 < ratios["besiroglu2024"] < 1.9
+    assert np.isfinite(out["N_star"])
