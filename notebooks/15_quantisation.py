@@ -1,0 +1,553 @@
+# %% [markdown]
+# # 15 Quantisation
+#
+# A trained model's weights are stored as 16- or 32-bit floats, but a language model's output
+# changes little if every weight is rounded to one of only 16 or 8 values. Storing a weight in
+# $b$ bits instead of 16 shrinks the model by about $16/b$, and since generating a token reads
+# every weight once, it speeds up generation about as much. This chapter works out what the
+# rounding costs and how to make it cost less:
+#
+# 1. **uniform quantisation**: absmax and zero-point codes, and the error of rounding,
+#    $\Delta^2/12$ for a step $\Delta$, derived in SymPy and measured;
+# 2. **granularity**: one scale per tensor, per channel, or per group of 32 or 64 weights;
+# 3. **integer matrix multiplication**: int8 products summed in an int32 accumulator, and why
+#    an int16 one would overflow after three terms;
+# 4. **outliers**: a few large activation channels break per-tensor int8 activations;
+# 5. **NF4**: QLoRA's 4-bit code book built from normal quantiles, checked against the
+#    published table;
+# 6. **GPTQ**: rounding one weight at a time and correcting the others with the optimal brain
+#    surgeon update, derived with a Lagrange multiplier;
+# 7. **AWQ**: scaling up the weights that meet large activations;
+# 8. the book's model at 8, 4 and 3 bits with the three methods, and the memory saved.
+#
+# The code lives in `llmbook.quant` (quantisers, integer matmul, NF4) and `llmbook.gptq`
+# (GPTQ, AWQ, whole models).
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import sympy as sp
+import torch
+from IPython.display import display
+
+from llmbook.data import default_source
+from llmbook.gptq import (
+    awq_scale_search,
+    gptq_quantize,
+    gptq_quantize_naive,
+    hessian_from_inputs,
+    layer_output_error,
+    model_memory_bytes,
+    quantize_model,
+    quantize_rtn,
+)
+from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.pretrained import RECIPES, book_model
+from llmbook.quant import (
+    accumulator_overflow_length,
+    dequantize,
+    int8_matmul,
+    nf4_levels,
+    nf4_offset,
+    quantize_absmax,
+    quantize_zeropoint,
+)
+from llmbook.train import evaluate, get_batch
+
+g = seed_everything(0)
+torch.set_num_threads(1)  # every tensor here is small: one thread is steadier
+f64 = torch.float64
+
+# %% [markdown]
+# ## 15.1 Uniform quantisation and the $\Delta^2/12$ rule
+#
+# A $b$-bit **uniform quantiser** represents a real $x$ by an integer code $q$ and a step
+# $\Delta$ (the *scale*) shared by many values: $\hat x = \Delta\,(q - z)$. Two ways to choose
+# $\Delta$ and the zero point $z$ are common:
+#
+# * **absmax** (symmetric): $\Delta = \max|x| / (2^{b-1}-1)$, $z = 0$,
+#   $q = \mathrm{round}(x/\Delta) \in [-(2^{b-1}-1),\ 2^{b-1}-1]$ — one code of the $2^b$
+#   is left unused so that the range is symmetric;
+# * **zero-point** (asymmetric, "min-max"): the range $[\min(x,0), \max(x,0)]$ is cut into
+#   $2^b-1$ steps, $\Delta = (\max-\min)/(2^b-1)$, $z = \mathrm{round}(-\min/\Delta)$,
+#   $q = \mathrm{clamp}(\mathrm{round}(x/\Delta) + z,\ 0,\ 2^b-1)$. It uses all $2^b$ codes
+#   and suits one-sided data such as the outputs of a ReLU or GELU.
+#
+# Rounding to the nearest level moves a value inside the range by at most half a step,
+# $|e| = |\hat x - x| \le \Delta/2$. If the values fall anywhere within a step with equal
+# probability, the error is uniform on $[-\Delta/2, \Delta/2]$, and SymPy gives its mean and
+# mean square:
+
+# %%
+e, Delta = sp.symbols("e Delta", positive=True)
+mean_e = sp.integrate(e / Delta, (e, -Delta / 2, Delta / 2))
+mse_e = sp.integrate(e**2 / Delta, (e, -Delta / 2, Delta / 2))
+assert mean_e == 0 and sp.simplify(mse_e - Delta**2 / 12) == 0
+display(sp.Eq(sp.Symbol(r"\mathbb{E}[e]"), mean_e), sp.Eq(sp.Symbol(r"\mathbb{E}[e^2]"), mse_e))
+
+# %% [markdown]
+# Each extra bit halves $\Delta$ and divides the mean squared error by 4: about 6 dB per bit,
+# the rule of thumb of signal processing. The package's quantisers return the codes together
+# with the scale and zero point:
+
+# %%
+show_source(quantize_absmax)
+
+# %%
+show_source(quantize_zeropoint)
+
+# %% [markdown]
+# A worked example: five numbers at 8 bits absmax ($\Delta = 1.27/127 = 0.01$), and the same
+# four non-negative numbers at 2 bits zero-point, where absmax would waste half of its codes
+# on negative values that never occur.
+
+# %%
+x = torch.tensor([-1.0, -0.5, 0.0, 0.26, 1.27], dtype=f64)
+qa = quantize_absmax(x, 8)
+print("absmax, 8 bits:     q =", qa.q.tolist(), " scale =", round(qa.scale.item(), 6))
+xp = torch.tensor([0.0, 0.9, 1.4, 3.0], dtype=f64)
+qz = quantize_zeropoint(xp, 2)
+print("zero-point, 2 bits: q =", qz.q.tolist(), " scale =", round(qz.scale.item(), 6),
+      " zero =", int(qz.zero.item()), " x_hat =", dequantize(qz).tolist())
+
+# %% [markdown]
+# The rule measured: 200 000 values spread evenly over $[-1, 1]$ (so every step is equally
+# filled) at several bit widths, and the largest error against the bound $\Delta/2$:
+
+# %%
+x = torch.rand(200_000, generator=g, dtype=f64) * 2 - 1
+checks = Checks("rounding error: MSE = Δ²/12 and |e| <= Δ/2")
+for bits in (4, 6, 8):
+    for name, quant in (("absmax", quantize_absmax), ("zero-point", quantize_zeropoint)):
+        qt = quant(x, bits)
+        err = dequantize(qt) - x
+        ratio = float((err**2).mean() / (qt.scale**2 / 12))
+        checks.close(f"{name} {bits} bits: MSE / (Δ²/12)", 1.0, ratio, tol=0.03)
+        checks.true(f"{name} {bits} bits: max|e| / (Δ/2) <= 1", float(err.abs().max() / (qt.scale / 2)) <= 1 + 1e-9,
+                    got=float(err.abs().max() / (qt.scale / 2)))
+checks
+
+# %% [markdown]
+# ## 15.2 Per tensor, per channel, per group
+#
+# One scale for a whole weight matrix is set by its single largest entry: every other row
+# then uses only part of the code range. A **per-channel** scale (one per output row of
+# $W \in \mathbb R^{d_{out}\times d_{in}}$) adapts to each row; a **group-wise** scale (one per
+# row and group of $g$ consecutive input columns, $g = 32$ to $128$ in practice) adapts
+# further, at the price of storing $d_{out} d_{in}/g$ scales. The figure measures the three on
+# a weight matrix of the book's trained model (the first MLP layer, $256 \times 64$), with
+# the prediction $\Delta^2/12$ averaged over the blocks as dashed lines.
+
+# %%
+model, info = book_model("synthetic")
+W_fc = model.blocks[0].mlp.fc.weight.detach().to(f64)  # (256, 64)
+layouts = {"per tensor": {}, "per channel": {"dim": 0}, "groups of 16": {"group_size": 16}}
+bit_range = list(range(2, 9))
+mse, predicted = {k: [] for k in layouts}, {k: [] for k in layouts}
+for name, kw in layouts.items():
+    for bits in bit_range:
+        qt = quantize_zeropoint(W_fc, bits, **kw)
+        mse[name].append(float(((dequantize(qt) - W_fc) ** 2).mean()))
+        predicted[name].append(float((qt.scale**2).mean() / 12))
+
+# %%
+fig, ax = plt.subplots(figsize=(6.4, 4))
+for (name, values), colour in zip(mse.items(), ["C0", "C1", "C2"], strict=True):
+    ax.semilogy(bit_range, values, "o-", color=colour, label=name)
+    ax.semilogy(bit_range, predicted[name], "--", color=colour, alpha=0.6)
+ax.set(xlabel="bits per weight b", ylabel="mean squared error (weight units²)",
+       title="Zero-point quantisation of a 256×64 weight (dashed: Δ²/12)")
+ax.legend()
+save_figure(fig, "15_quantisation_granularity")
+plt.show()
+
+# %% [markdown]
+# Every line falls by a factor of about 4 per bit, as $\Delta^2/12$ says, and the dashed
+# predictions sit on the measurements except at 2 bits, where a step is so wide that values
+# no longer fill it evenly. Finer blocks shift the whole line down: groups of 16 at $b$ bits
+# are about as accurate as one scale per tensor at $b+1$ bits.
+#
+# ## 15.3 Integer matrix multiplication
+#
+# Quantising weights *and* activations to int8 lets the matrix product itself run on integer
+# units. With per-row scales $s^A_m$ for the activations $A$ (M, K) (one per token) and
+# $s^B_n$ for the weights $B$ (N, K) (one per output channel), the product factorises:
+#
+# $$ (A B^\top)_{mn} \approx \sum_k s^A_m q^A_{mk}\, s^B_n q^B_{nk}
+#    = s^A_m s^B_n \sum_k q^A_{mk} q^B_{nk} , $$
+#
+# an integer dot product followed by one float multiplication per output. A product of two
+# int8 codes is at most $127^2 = 16129$ in magnitude, so the running sum needs a wider
+# accumulator: int16 ($\le 32767$) overflows after 3 worst-case terms, int32 after
+# $\lfloor (2^{31}-1)/127^2 \rfloor + 1 = 133\,145$, far more than any model width.
+
+# %%
+show_source(int8_matmul)
+
+# %% [markdown]
+# The checks: the int32 result equals the float product of the dequantised matrices (the
+# integer part is exact, so the only error is float round-off), and a row of eight codes of
+# 127 summed in a simulated int16 accumulator wraps around to a wrong, even negative, value.
+
+# %%
+A = torch.randn(16, 768, generator=g, dtype=f64)  # (M, K): 16 tokens
+B = torch.randn(24, 768, generator=g, dtype=f64)  # (N, K): 24 output channels
+aq, bq = quantize_absmax(A, 8, dim=0), quantize_absmax(B, 8, dim=0)
+y_int = int8_matmul(aq, bq)  # (16, 24)
+integer_part = (aq.q.to(torch.int64) @ bq.q.to(torch.int64).T).to(f64)
+ones = quantize_absmax(torch.ones(1, 8, dtype=f64), 8)
+checks = Checks("int8 matmul with int32 accumulation")
+checks.close("int32 result = float product of dequantised", dequantize(aq) @ dequantize(bq).T, y_int, tol=1e-12)
+checks.close("integer part exact", integer_part, y_int / (aq.scale * bq.scale.T), tol=1e-9)
+checks.equal("int16 overflows at K =", 3, accumulator_overflow_length(16, 8))
+checks.equal("int32 overflows at K =", 133_145, accumulator_overflow_length(32, 8))
+checks.equal("8 × 127² in int16 wraps to", ((8 * 16129 + 2**15) % 2**16) - 2**15,
+             round(int8_matmul(ones, ones, acc_bits=16).item() / ones.scale.item() ** 2))
+checks.true("relative error of W8A8 vs float < 2 %",
+            float((y_int - A @ B.T).norm() / (A @ B.T).norm()) < 0.02, got=float((y_int - A @ B.T).norm() / (A @ B.T).norm()))
+checks
+
+# %% [markdown]
+# ## 15.4 Outliers
+#
+# Weights are well behaved; activations of large language models are not. Dettmers et al.
+# (2022, "LLM.int8(): 8-bit Matrix Multiplication for Transformers at Scale") found that
+# beyond a few billion parameters a handful of hidden *channels* carry values up to 100 times
+# larger than the rest, in almost every token. A per-tensor or per-token scale is then set by
+# the outliers, and the ordinary channels are rounded to a few codes or to zero.
+#
+# A synthetic layer shows it: 512 tokens of width 256, of which 4 channels are 100 times
+# larger. Four ways to quantise the activations to 8 bits (weights per channel, 8 bits):
+
+# %%
+X = torch.randn(512, 256, generator=g, dtype=f64)
+X[:, :4] *= 100.0  # four outlier channels, in every token
+W = torch.randn(128, 256, generator=g, dtype=f64) / 16
+y_ref = X @ W.T  # (512, 128)
+wq = quantize_absmax(W, 8, dim=0)
+
+
+def measure(x_hat, y):
+    """Relative error of the ordinary channels of X, and of the layer output."""
+    ordinary = float((x_hat[:, 4:] - X[:, 4:]).norm() / X[:, 4:].norm())
+    return ordinary, float((y - y_ref).norm() / y_ref.norm())
+
+
+# %% [markdown]
+# The four: one scale for the whole activation tensor; one per token (row); one per channel
+# (column), which is accurate but cannot be pulled out of the sum over $k$, so it does not
+# run on integer units; and **smoothing**, which moves the difficulty into the weights
+# (Xiao et al., 2023, "SmoothQuant: Accurate and Efficient Post-Training Quantization for
+# Large Language Models"; AWQ in section 15.7 uses the same identity for weight-only
+# quantisation): $XW^\top = (X\,\mathrm{diag}(s)^{-1})(W\,\mathrm{diag}(s))^\top$ with
+# $s_j = \sqrt{\max_n |X_{nj}| / \max_i |W_{ij}|}$, after which both factors are quantised
+# per row.
+
+# %%
+s = (X.abs().amax(0) / W.abs().amax(0)).sqrt()  # (256,)
+results = {}
+for name, kw in (("per tensor", {}), ("per token", {"dim": 0})):
+    xq = quantize_absmax(X, 8, **kw)
+    results[name] = measure(dequantize(xq), int8_matmul(xq, wq))
+xq = quantize_absmax(X, 8, dim=1)
+results["per channel (float matmul)"] = measure(dequantize(xq), dequantize(xq) @ dequantize(wq).T)
+xq = quantize_absmax(X / s, 8, dim=0)
+results["smoothed, per token"] = measure(dequantize(xq) * s,
+                                         int8_matmul(xq, quantize_absmax(W * s, 8, dim=0)))
+print(f"{'activation scales':28s} {'ordinary channels':>18s} {'layer output':>13s}")
+for name, (err_x, err_y) in results.items():
+    print(f"{name:28s} {err_x:18.3e} {err_y:13.3e}")
+
+# %% [markdown]
+# With one scale per tensor the step is set by the outliers, $\Delta \approx 100 \cdot 4/127$,
+# larger than most ordinary values: they round to zero and about three quarters of their
+# content is lost.
+# Per-token scales do not help much, since every token contains the outliers. Per-channel
+# scales fix the activations, and smoothing, which stays integer-friendly, brings the output
+# error down about five-fold.
+
+# %%
+checks = Checks("activation outliers")
+checks.true("per tensor: ordinary channels lose > 50 %", results["per tensor"][0] > 0.5,
+            got=results["per tensor"][0])
+checks.true("per channel: ordinary channels lose < 1 %", results["per channel (float matmul)"][0] < 0.01,
+            got=results["per channel (float matmul)"][0])
+checks.true("smoothing: output error x3 below per token", results["per token"][1] > 3 * results["smoothed, per token"][1],
+            got=results["per token"][1] / results["smoothed, per token"][1])
+checks
+
+# %% [markdown]
+# ## 15.5 NF4: levels from the normal distribution
+#
+# Trained weights are roughly normally distributed. Uniform levels spend as many codes on
+# the rare tails as on the crowded centre. Dettmers et al. (2023, "QLoRA: Efficient
+# Finetuning of Quantized LLMs", section 3) place the 16 levels of **4-bit NormalFloat** at
+# quantiles of $\mathcal N(0,1)$ instead, so that each level receives about the same share
+# of the weights, and normalise them to $[-1, 1]$ (a group is divided by its absmax first).
+# The quantile function $\Phi^{-1}$ is infinite at 0 and 1, so the outermost level sits at
+# quantile $1-\delta$ with $\delta = \frac12(\frac1{32}+\frac1{30})$, half-way between what
+# 16 and 15 levels on one side would give. To make 0 exactly representable (padding and
+# pruned weights are 0) the code is asymmetric: 8 positive levels from the quantiles
+# $\mathrm{linspace}(1-\delta, \frac12, 9)$ without its last point, 7 negative levels mirrored
+# from $\mathrm{linspace}(1-\delta, \frac12, 8)$, and 0:
+
+# %%
+show_source(nf4_levels)
+
+# %%
+NF4_PUBLISHED = torch.tensor([
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+    -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+    0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+    0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0], dtype=f64)
+levels = nf4_levels()
+checks = Checks("NF4 levels against QLoRA's table")
+checks.close("offset 1 - δ", 0.9677083, nf4_offset(), tol=1e-7)
+checks.close("16 levels vs the published table", NF4_PUBLISHED, levels, tol=1e-4)
+p = torch.linspace(nf4_offset(), 0.5, 9, dtype=f64)[:-1]
+checks.close("positive levels via torch.special.ndtri", levels[8:],
+             torch.sort(torch.special.ndtri(p) / torch.special.ndtri(p).max()).values, tol=1e-12)
+checks.equal("levels < 0, = 0, > 0", [7, 1, 8],
+             [int((levels < 0).sum()), int((levels == 0).sum()), int((levels > 0).sum())])
+checks
+
+# %% [markdown]
+# ## 15.6 GPTQ: rounding with second-order corrections
+#
+# Round-to-nearest (RTN) treats every weight alone. But what a layer $y = x W^\top$ must
+# preserve is its output on real inputs: for calibration inputs $X$ ($N \times d_{in}$),
+# the error $\lVert X(W-\hat W)^\top\rVert^2 = \sum_i \delta_i^\top (X^\top X)\, \delta_i$ is
+# a sum of quadratic forms, one per row $\delta_i$ of $W - \hat W$, all with the Hessian
+# $H = 2X^\top X$ (of $\lVert X\delta\rVert^2$). When the inputs are correlated, the error
+# of one rounded weight can be partly cancelled by moving the others.
+#
+# **The optimal brain surgeon step** (Hassibi & Stork, 1993, "Second order derivatives for
+# network pruning: Optimal Brain Surgeon"). Weight $q$ of a row must change by a fixed amount,
+# from $w_q$ to its rounded value $\mathrm{quant}(w_q)$; the other weights may move freely.
+# The cheapest change $\delta$ solves
+#
+# $$ \min_\delta \tfrac12 \delta^\top H \delta \quad\text{s.t.}\quad
+#    e_q^\top\delta = \mathrm{quant}(w_q) - w_q . $$
+#
+# SymPy solves the Lagrangian for three weights with a general symmetric $H$:
+
+# %%
+a, b, c_, d_, f_, h_ = sp.symbols("a b c d f h", real=True)
+H3 = sp.Matrix([[a, b, c_], [b, d_, f_], [c_, f_, h_]])
+delta = sp.Matrix(sp.symbols("delta0:3", real=True))
+lam, w_q, w_rounded = sp.symbols("lambda w_q \\mathrm{quant}(w_q)", real=True)
+q = 1  # the weight being rounded
+L = (delta.T * H3 * delta)[0] / 2 + lam * (delta[q] - (w_rounded - w_q))
+sol = sp.solve([sp.diff(L, v) for v in [*delta, lam]], [*delta, lam], dict=True)[0]
+Hinv = H3.inv()
+obs = -(w_q - w_rounded) / Hinv[q, q] * Hinv[:, q]
+assert all(sp.simplify(sol[delta[i]] - obs[i]) == 0 for i in range(3))
+loss = sp.simplify((sp.Matrix([sol[v] for v in delta]).T * H3 * sp.Matrix([sol[v] for v in delta]))[0] / 2)
+assert sp.simplify(loss - (w_q - w_rounded) ** 2 / (2 * Hinv[q, q])) == 0
+display(sp.Eq(sp.Symbol(r"\delta"), sp.Symbol(r"-\frac{w_q - \mathrm{quant}(w_q)}{[H^{-1}]_{qq}}\, H^{-1}_{:,q}")),
+        sp.Eq(sp.Symbol(r"\Delta\mathcal{L}"), sp.Symbol(r"\frac{(w_q - \mathrm{quant}(w_q))^2}{2\,[H^{-1}]_{qq}}")))
+
+# %% [markdown]
+# So rounding weight $q$ and compensating optimally moves the row by
+# $\delta = -\frac{w_q - \mathrm{quant}(w_q)}{[H^{-1}]_{qq}} H^{-1}_{:,q}$ and costs
+# $\frac{(w_q - \mathrm{quant}(w_q))^2}{2[H^{-1}]_{qq}}$. **GPTQ** (Frantar et al., 2023,
+# "GPTQ: Accurate Post-Training Quantization for Generative Pre-trained Transformers")
+# applies this to the columns in a fixed order $q = 0, 1, \dots, d_{in}-1$, for all rows at
+# once (they share $H$): round column $q$, push its error into the columns not yet rounded,
+# then remove $q$ from the problem. Removing a variable from a quadratic form replaces the
+# inverse Hessian by a Schur complement, a rank-one downdate,
+# $H^{-1} \leftarrow H^{-1} - H^{-1}_{:,q} H^{-1}_{q,:} / [H^{-1}]_{qq}$. The teaching version
+# does exactly that:
+
+# %%
+show_source(gptq_quantize_naive)
+
+# %% [markdown]
+# The downdates cost $O(d_{in}^3)$ in total and accumulate round-off. GPTQ's observation:
+# the row $q$ of the downdated inverse that step $q$ needs, divided by
+# $\sqrt{[H^{-1}]_{qq}}$, is row $q$ of the upper Cholesky factor $U$ of the *original*
+# $H^{-1} = U^\top U$: the successive downdates are exactly the steps of a Cholesky
+# factorisation. So one factorisation up front replaces them all, and in
+# $\delta = -\mathrm{err}/U_{qq} \cdot U_{q,:}$ with $\mathrm{err} = (w_q -
+# \mathrm{quant}(w_q))/U_{qq}$ every update is read off $U$. The updates of a block of
+# $B = 128$ columns are applied inside the block, and to the later columns at once as one
+# matrix product (*lazy batch updates*). A damping $\lambda = 0.01\cdot\mathrm{mean}(\mathrm{diag}\,H)$
+# added to the diagonal keeps $H$ invertible.
+
+# %%
+show_source(gptq_quantize)
+
+# %% [markdown]
+# The checks on one layer with correlated inputs (1024 tokens, $d_{in} = 64$,
+# $d_{out} = 48$, 3 bits, groups of 16): the Cholesky and the naive formulation agree to
+# round-off, and GPTQ's output error is well below round-to-nearest's.
+
+# %%
+mix = torch.randn(64, 64, generator=g, dtype=f64) / 8 + torch.eye(64, dtype=f64)
+Xc = torch.randn(1024, 64, generator=g, dtype=f64) @ mix  # (N, d_in), correlated columns
+Wl = torch.randn(48, 64, generator=g, dtype=f64)  # (d_out, d_in)
+Hl = hessian_from_inputs(Xc)
+W_chol, stats = gptq_quantize(Wl, Hl, 3, 16, block_size=32)
+W_naive, _ = gptq_quantize_naive(Wl, Hl, 3, 16)
+err_rtn, err_gptq = layer_output_error(Wl, quantize_rtn(Wl, 3, 16), Xc), layer_output_error(Wl, W_chol, Xc)
+checks = Checks("GPTQ on one layer")
+checks.close("Cholesky = naive (explicit inverse + downdates)", W_naive, W_chol, tol=1e-6)
+checks.true("‖(W - Ŵ)Xᵀ‖: GPTQ < RTN", err_gptq < err_rtn, got=f"{err_gptq:.4g} vs {err_rtn:.4g}")
+checks.close("OBS loss estimate / ‖(W - Ŵ)Xᵀ‖²", 1.0, stats["loss"] / err_gptq**2, tol=0.05)
+checks
+
+# %% [markdown]
+# ## 15.7 AWQ: protecting the weights that meet large activations
+#
+# Lin et al. (2024, "AWQ: Activation-aware Weight Quantization for LLM Compression and
+# Acceleration") observe that the weights in the input channels with large activations
+# matter most, and protect them without mixed precision: multiply input column $j$ of $W$
+# by $s_j > 1$ before quantising and divide the activations by $s_j$
+# (in practice folded into the preceding norm or layer). The scaled weight's rounding error
+# is divided by $s_j$ on the way out, so the salient channels lose less. The scales are
+# $s = \overline{|X|}^{\,\alpha}$, the mean activation magnitude per channel to a power
+# $\alpha \in [0,1]$ found by a grid search on the layer's output error ($\alpha = 0$ is RTN):
+
+# %%
+show_source(awq_scale_search)
+
+# %% [markdown]
+# On the outlier layer of section 15.4 at 3 bits with groups of 32, the search picks a large
+# $\alpha$ and cuts the output error; on the well-behaved layer above it has little to gain:
+
+# %%
+checks = Checks("AWQ at 3 bits, groups of 32")
+for name, (W_, X_) in {"outlier layer": (W, X), "correlated layer": (Wl, Xc)}.items():
+    W_awq, st = awq_scale_search(W_, X_, 3, 32)
+    e_awq, e_rtn = layer_output_error(W_, W_awq, X_), layer_output_error(W_, quantize_rtn(W_, 3, 32), X_)
+    print(f"{name:17s} alpha = {st['alpha']:.2f}  error AWQ / RTN = {e_awq / e_rtn:.3f}")
+    checks.true(f"{name}: AWQ error <= RTN error", e_awq <= e_rtn * (1 + 1e-12), got=e_awq / e_rtn)
+checks
+
+# %% [markdown]
+# ## 15.8 The book's model at 8, 4 and 3 bits
+#
+# Now the real test: every linear layer of the decoder blocks of the book's trained
+# synthetic model (chapter 10: $d = 64$, 2 layers, trained on the order-2 Markov source of
+# chapter 3) quantised by RTN, GPTQ and AWQ, with zero-point codes in groups of 32 input
+# columns. The token embedding (tied with the output layer), positions and norms stay in
+# float, as is common. `quantize_model` stores the dequantised weights in float ("fake
+# quantisation"): the model computes what a kernel reading the codes would, so the loss
+# measures exactly the quantisation error. GPTQ and AWQ calibrate on 256 windows of 16
+# tokens of training data, layer by layer in forward order, each layer seeing the outputs of
+# the already-quantised layers before it; the loss is measured on validation data, on the
+# predictions that see the source's full context, as in chapter 10.
+
+# %%
+show_source(quantize_model)
+
+# %%
+d = RECIPES["synthetic"]["data"]
+train_tokens, val_tokens = default_source().train_val(d["num_train"], d["num_val"], seed=d["seed"])
+calib, _ = get_batch(train_tokens, 256, 16, "cpu", torch.Generator().manual_seed(0))
+
+
+def val_loss(m):
+    return evaluate(m, val_tokens, 256, 16, 8, torch.Generator().manual_seed(1234),
+                    first_position=info["val_first_position"])
+
+
+base = val_loss(model)
+losses = {meth: {b: val_loss(quantize_model(model, meth, b, 32, calib)) for b in (8, 4, 3)}
+          for meth in ("rtn", "gptq", "awq")}
+print(f"float: loss {base:.4f} nats/token, perplexity {math.exp(base):.4f}")
+for meth, row in losses.items():
+    print(f"{meth:5s}", "  ".join(f"{b} bits: ppl {math.exp(v):.4f} ({math.exp(v) - math.exp(base):+.4f})"
+                                  for b, v in row.items()))
+
+# %%
+fig, ax = plt.subplots(figsize=(6.4, 4))
+for i, (meth, row) in enumerate(losses.items()):
+    increase = [math.exp(row[b]) - math.exp(base) for b in (8, 4, 3)]
+    ax.bar([j + (i - 1) * 0.27 for j in range(3)], increase, width=0.27, label=meth.upper())
+ax.set_xticks(range(3), ["8 bits", "4 bits", "3 bits"])
+ax.set(ylabel="perplexity increase over float", xlabel="bits per weight (groups of 32)",
+       title=f"Quantised book model (float perplexity {math.exp(base):.3f})")
+ax.legend()
+save_figure(fig, "15_quantisation_perplexity")
+plt.show()
+
+# %% [markdown]
+# At 8 bits every method is indistinguishable from the float model. At 4 and 3 bits
+# round-to-nearest costs visibly more, and GPTQ recovers most of it: its perplexity increase
+# is a fraction of RTN's. AWQ is no better than RTN here, and slightly worse at 3 bits: this
+# small model has no outlier channels for it to protect, and although its search never does
+# worse than RTN on each layer's calibration outputs, that does not carry over to the loss
+# of the whole model, where the layers' errors combine.
+
+# %%
+checks = Checks("book model: GPTQ vs round-to-nearest")
+for b, tol in ((8, 0.001), (4, 0.01), (3, 0.03)):
+    worst = max(math.exp(losses[m][b] - base) - 1 for m in losses)
+    checks.true(f"{b} bits: every method within {tol:.1%} of float perplexity", worst < tol, got=worst)
+for b in (4, 3):
+    checks.true(f"{b} bits: GPTQ's increase < RTN's", losses["gptq"][b] - base < losses["rtn"][b] - base,
+                got=(losses["gptq"][b] - base) / (losses["rtn"][b] - base))
+checks
+
+# %% [markdown]
+# The memory saved. Each quantised weight costs $b$ bits plus, per row and group of 32, a
+# 16-bit scale and a $b$-bit zero point; every other parameter is counted at 16 bits. The
+# embeddings, norms and biases (a few thousand parameters here, but in a small real model the
+# embedding table is a large share) stay in float:
+
+# %%
+n_bytes = {"float16": model_memory_bytes(model)}
+n_bytes |= {f"{b} bits, groups of 32": model_memory_bytes(model, b, 32) for b in (8, 4, 3)}
+n_lin = sum(m.weight.numel() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
+print(f"{model.num_parameters()} parameters, {n_lin} of them in quantised linear layers")
+print(f"{'storage':22s} {'bytes':>8s} {'vs float16':>11s} {'bits/weight':>12s}")
+for name, nb in n_bytes.items():
+    bits_per_weight = 16 if name == "float16" else (8 * (nb - 2 * (model.num_parameters() - n_lin))) / n_lin
+    print(f"{name:22s} {nb:8d} {nb / n_bytes['float16']:11.3f} {bits_per_weight:12.3f}")
+
+# %% [markdown]
+# The group scales add $(16 + b)/32$ bits to every weight, 0.6 to 0.75 bits here: a 4-bit
+# model with groups of 32 really stores about 4.6 bits per weight, and groups of 128 (common
+# for large models) bring that down to about 4.2.
+#
+# ## Summary
+#
+# * A $b$-bit uniform quantiser rounds to steps of $\Delta$; the error is at most $\Delta/2$
+#   and, for values that fill the steps evenly, has mean square $\Delta^2/12$: each bit
+#   divides it by 4.
+# * Absmax is symmetric; zero-point uses all $2^b$ codes on one-sided data. Finer blocks
+#   (per channel, per group) reduce the error for the cost of storing more scales.
+# * int8 × int8 products summed in int32 reproduce the float product of the dequantised
+#   matrices exactly up to round-off; int16 would overflow after 3 terms.
+# * Activation outliers ruin per-tensor and per-token int8 scales; per-channel scales or
+#   migrating the scale into the weights (smoothing) repair them.
+# * NF4's levels are normal quantiles, matching QLoRA's table to $10^{-6}$.
+# * GPTQ rounds column by column and corrects the remaining columns with the OBS update
+#   $\delta = -\frac{w_q - \mathrm{quant}(w_q)}{[H^{-1}]_{qq}} H^{-1}_{:,q}$, computed from
+#   the Cholesky factor of $H^{-1}$; on the book's model it cuts RTN's perplexity increase at
+#   4 and 3 bits several times. AWQ's activation-aware scaling helps where activations have
+#   outliers.
+#
+# ## Exercises
+#
+# Reference solutions are in `notebooks/solutions/15_quantisation.py` and are checked by
+# `tests/test_solutions_15.py`.
+#
+# 1. (★) **Six decibels per bit.** For $x \sim U[-A, A]$ and $b$-bit absmax quantisation,
+#    derive in SymPy the signal-to-quantisation-noise ratio
+#    $\mathrm{SQNR} = \mathrm{Var}(x)/(\Delta^2/12) = 4(2^{b-1}-1)^2$, write `sqnr_db(bits)`,
+#    and check it against a measurement for 4, 6 and 8 bits. What is the slope in dB per bit?
+# 2. (★★) **Clipping.** For Gaussian data absmax wastes codes on the rare largest values.
+#    Write `clipped_absmax(x, bits, ratio)` (range $\pm$ ratio $\cdot\max|x|$, values beyond it
+#    clamped) and `best_clip_ratio(x, bits)` by grid search. Show that at 3 bits the best ratio
+#    is well below 1 and halves the MSE, and that the best ratio grows with the bits.
+# 3. (★★) **When does NF4 win?** Compare the MSE of NF4 and of symmetric int4, both group-wise
+#    absmax with groups of 64, on Gaussian and on uniform data. Explain the result with the
+#    density of the levels.
+# 4. (★★★) **Act-order.** GPTQ's result depends on the order of the columns. Implement
+#    `gptq_act_order(W, H, bits)`, which quantises the columns in order of decreasing
+#    $H_{jj}$ (permute, run `gptq_quantize`, permute back), and show on inputs whose channel
+#    scales span a factor of 30 that it beats the natural order. Why does it help to round the
+#    columns with the largest inputs first?

@@ -1,0 +1,100 @@
+"""Reference solutions to the exercises of notebooks/15_quantisation.
+
+Checked by tests/test_solutions_15.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import sympy as sp
+import torch
+from torch import Tensor
+
+from llmbook.gptq import gptq_quantize
+from llmbook.quant import dequantize, fake_quantize, quantize_absmax, quantize_nf4
+
+f64 = torch.float64
+
+
+# ---------------------------------------------------------------- exercise 1
+
+
+def sqnr_db_symbolic() -> tuple[sp.Expr, sp.Symbol]:
+    """SQNR of b-bit absmax quantisation of x ~ U[-A, A], in dB, as a SymPy expression in b.
+
+    Var x = A²/3; Δ = A / (2^(b-1) - 1); noise Δ²/12; SQNR = 4 (2^(b-1) - 1)².
+    """
+    b, A = sp.symbols("b A", positive=True)
+    delta = A / (2 ** (b - 1) - 1)
+    signal = sp.integrate(sp.Symbol("x") ** 2 / (2 * A), (sp.Symbol("x"), -A, A))
+    ratio = sp.simplify(signal / (delta**2 / 12))
+    return 10 * sp.log(ratio, 10), b
+
+
+def sqnr_db(bits: int) -> float:
+    """The closed form 10 log10(4 (2^(b-1) - 1)²): about 6.02 dB per bit."""
+    return 10 * math.log10(4 * (2 ** (bits - 1) - 1) ** 2)
+
+
+def measured_sqnr_db(bits: int, n: int = 200_000, seed: int = 0) -> float:
+    """SQNR measured on n uniform samples, per-tensor absmax."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, generator=g, dtype=f64) * 2 - 1
+    e = dequantize(quantize_absmax(x, bits)) - x
+    return float(10 * torch.log10((x**2).mean() / (e**2).mean()))
+
+
+# ---------------------------------------------------------------- exercise 2
+
+
+def clipped_absmax(x: Tensor, bits: int, ratio: float) -> Tensor:
+    """Symmetric quantisation with the range clipped to ratio · max|x| (fake-quantised)."""
+    qmax = 2 ** (bits - 1) - 1
+    scale = ratio * x.abs().max() / qmax
+    return torch.clamp(torch.round(x / scale), -qmax, qmax) * scale
+
+
+def best_clip_ratio(x: Tensor, bits: int, grid: int = 100) -> tuple[float, float]:
+    """The clip ratio in {1/grid, ..., 1} with the smallest MSE, and that MSE."""
+    best = (1.0, float(((clipped_absmax(x, bits, 1.0) - x) ** 2).mean()))
+    for k in range(1, grid):
+        r = k / grid
+        mse = float(((clipped_absmax(x, bits, r) - x) ** 2).mean())
+        if mse < best[1]:
+            best = (r, mse)
+    return best
+
+
+# ---------------------------------------------------------------- exercise 3
+
+
+def nf4_vs_int4_mse(distribution: str, n_rows: int = 256, group_size: int = 64,
+                    seed: int = 0) -> tuple[float, float]:
+    """(MSE of NF4, MSE of symmetric int4), group-wise absmax, on Gaussian or uniform data."""
+    g = torch.Generator().manual_seed(seed)
+    if distribution == "normal":
+        x = torch.randn(n_rows, group_size * 4, generator=g, dtype=f64)
+    elif distribution == "uniform":
+        x = torch.rand(n_rows, group_size * 4, generator=g, dtype=f64) * 2 - 1
+    else:
+        raise ValueError(f"distribution must be 'normal' or 'uniform', got {distribution!r}")
+    nf4 = float(((quantize_nf4(x, group_size) - x) ** 2).mean())
+    int4 = float(((fake_quantize(x, 4, group_size=group_size, symmetric=True) - x) ** 2).mean())
+    return nf4, int4
+
+
+# ---------------------------------------------------------------- exercise 4
+
+
+def gptq_act_order(W: Tensor, H: Tensor, bits: int, damp: float = 0.01) -> Tensor:
+    """GPTQ with the columns visited in order of decreasing H_jj (per-row grids).
+
+    Permute W's columns and H's rows and columns, run GPTQ, undo the permutation: the
+    columns with the largest inputs are quantised first, while the most columns are left
+    to absorb their error.
+    """
+    perm = torch.argsort(torch.diag(H), descending=True)
+    inv = torch.argsort(perm)
+    Q, _ = gptq_quantize(W[:, perm], H[perm][:, perm], bits, None, damp=damp)
+    return Q[:, inv]

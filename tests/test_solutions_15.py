@@ -1,0 +1,67 @@
+"""The exercise solutions of notebooks/15_quantisation hold."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import sympy as sp
+import torch
+
+from llmbook.gptq import gptq_quantize, hessian_from_inputs, layer_output_error
+
+PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "15_quantisation.py"
+spec = importlib.util.spec_from_file_location("solutions_15", PATH)
+solutions = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(solutions)
+
+f64 = torch.float64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_exercise_1_sqnr():
+    expr, b = solutions.sqnr_db_symbolic()
+    assert sp.simplify(expr - 10 * sp.log(4 * (2 ** (b - 1) - 1) ** 2, 10)) == 0
+    for bits in (4, 6, 8):
+        assert float(expr.subs(b, bits)) == pytest.approx(solutions.sqnr_db(bits))
+        assert solutions.measured_sqnr_db(bits) == pytest.approx(solutions.sqnr_db(bits), abs=0.1)
+    slope = solutions.sqnr_db(8) - solutions.sqnr_db(7)
+    assert slope == pytest.approx(20 * torch.log10(torch.tensor(2.0)).item(), abs=0.1)
+
+
+def test_exercise_2_clipping():
+    x = torch.randn(50_000, generator=torch.Generator().manual_seed(0), dtype=f64)
+    ratio, mse = solutions.best_clip_ratio(x, 3)
+    mse_absmax = float(((solutions.clipped_absmax(x, 3, 1.0) - x) ** 2).mean())
+    assert ratio < 0.7 and mse < 0.5 * mse_absmax
+    ratio8, mse8 = solutions.best_clip_ratio(x, 8)
+    assert ratio8 > ratio and mse8 <= float(((solutions.clipped_absmax(x, 8, 1.0) - x) ** 2).mean())
+
+
+def test_exercise_3_nf4_vs_int4():
+    nf4, int4 = solutions.nf4_vs_int4_mse("normal")
+    assert nf4 < 0.9 * int4
+    nf4_u, int4_u = solutions.nf4_vs_int4_mse("uniform")
+    assert int4_u < nf4_u
+    with pytest.raises(ValueError, match="distribution"):
+        solutions.nf4_vs_int4_mse("cauchy")
+
+
+def test_exercise_4_act_order():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(512, 32, generator=g, dtype=f64) * torch.logspace(0, 1.5, 32, dtype=f64)
+    X = X + 0.3 * X[:, :1]  # and correlated
+    W = torch.randn(16, 32, generator=g, dtype=f64)
+    H = hessian_from_inputs(X)
+    Q = solutions.gptq_act_order(W, H, 3)
+    assert Q.shape == W.shape
+    perm = torch.argsort(torch.diag(H), descending=True)
+    torch.testing.assert_close(Q[:, perm], gptq_quantize(W[:, perm], H[perm][:, perm], 3)[0])
+    plain = layer_output_error(W, gptq_quantize(W, H, 3)[0], X)
+    assert layer_output_error(W, Q, X) < plain
