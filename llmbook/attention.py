@@ -37,10 +37,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from llmbook.kvcache import KVCache
 
 __all__ = [
     "MultiHeadAttention",
@@ -245,30 +249,37 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: Tensor, positions: Tensor | None = None, rope: Rope | None = None,
                 mask: Tensor | None = None, is_causal: bool = True,
-                attn_bias: Tensor | None = None) -> Tensor:
+                attn_bias: Tensor | None = None, cache: KVCache | None = None,
+                layer: int = 0) -> Tensor:
         """Self-attention of x (B, T, d_model) -> (B, T, d_model).
 
         ``is_causal`` (default True, a decoder) lets position i see positions j <= i.
-        ``mask`` (boolean, True = may attend, broadcasting to (B, H, T, T)), e.g. a padding
+        ``mask`` (boolean, True = may attend, broadcasting to (B, H, T, T_k)), e.g. a padding
         mask, is combined with the causal mask by logical and. ``attn_bias`` (float,
-        broadcasting to (B, H, T, T)) is added to the scaled scores, e.g. ALiBi's -m_h (i - j).
-        ``positions`` and ``rope`` as in :meth:`project_qkv`.
+        broadcasting to (B, H, T, T_k)) is added to the scaled scores, e.g. ALiBi's -m_h (i - j).
+        ``positions`` and ``rope`` as in :meth:`project_qkv`. With a ``cache``
+        (:class:`~llmbook.kvcache.KVCache`, chapter 12) the new keys and values are appended
+        to those of ``layer`` and the T queries attend over all T_k cached positions with
+        the bottom-right aligned causal mask; without one, T_k = T.
         """
         q, k, v = self.project_qkv(x, positions, rope)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # (B, H_kv, T_k, d_head): cached + new
         B, _, T, _ = q.shape
+        T_k = k.shape[2]
         if mask is not None:
             if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
                 raise TypeError(f"mask must be a boolean tensor (True = may attend), got "
                                 f"{getattr(mask, 'dtype', type(mask).__name__)}; pass an "
                                 f"additive float mask as attn_bias")
-            _check_mask(mask, (B, self.n_heads, T, T))
+            _check_mask(mask, (B, self.n_heads, T, T_k))
         if attn_bias is not None:
             if not isinstance(attn_bias, Tensor) or not attn_bias.is_floating_point():
                 raise TypeError(f"attn_bias must be a floating-point tensor added to the scores, "
                                 f"got {getattr(attn_bias, 'dtype', type(attn_bias).__name__)}")
-            _check_mask(attn_bias, (B, self.n_heads, T, T))
+            _check_mask(attn_bias, (B, self.n_heads, T, T_k))
         if is_causal:
-            causal = causal_mask(T, T, device=x.device)  # (T, T)
+            causal = causal_mask(T, T_k, offset=T_k - T, device=x.device)  # (T, T_k)
             mask = causal if mask is None else mask & causal
         if attn_bias is not None:  # fold the boolean mask into the bias: -inf where masked
             bias = attn_bias.to(q.dtype)
@@ -278,7 +289,7 @@ class MultiHeadAttention(nn.Module):
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
                                                enable_gqa=groups > 1)  # (B, H, T, d_head)
         else:
-            k = k.repeat_interleave(groups, dim=1)  # (B, H, T, d_head): head h uses h // groups
+            k = k.repeat_interleave(groups, dim=1)  # (B, H, T_k, d_head): head h uses h // groups
             v = v.repeat_interleave(groups, dim=1)
             z = scaled_dot_product_attention(q, k, v, mask=mask, scale=self.scale)
         z = z.transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # (B, T, H d_head)

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from llmbook.attention import MultiHeadAttention
 from llmbook.embedding import TokenEmbedding
+from llmbook.kvcache import KVCache
 from llmbook.layers import ACTIVATIONS, MLP, LayerNorm, RMSNorm, SwiGLU
 from llmbook.positional import LearnedPositions, RotaryEmbedding, apply_rotary
 
@@ -216,8 +217,10 @@ class DecoderBlock(nn.Module):
             self.mlp = SwiGLU(c.d_model, c.d_ff, bias=c.mlp_bias)
 
     def forward(self, x: Tensor, positions: Tensor | None = None,
-                rope: Callable[[Tensor, Tensor], Tensor] | None = None) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), positions=positions, rope=rope)  # (B, T, d)
+                rope: Callable[[Tensor, Tensor], Tensor] | None = None,
+                cache: KVCache | None = None, layer: int = 0) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), positions=positions, rope=rope, cache=cache,
+                          layer=layer)  # (B, T, d)
         return x + self.mlp(self.mlp_norm(x))  # (B, T, d)
 
 
@@ -316,12 +319,36 @@ class TransformerLM(nn.Module):
                                  f"max_seq_len={c.max_seq_len}")
         return positions
 
-    def forward(self, ids: Tensor, positions: Tensor | None = None) -> Tensor:
+    def _check_cache(self, ids: Tensor, positions: Tensor | None, cache: KVCache) -> Tensor:
+        c = self.config
+        if not isinstance(ids, Tensor) or ids.ndim != 2:
+            raise ValueError(f"ids must have shape (B, T), got "
+                             f"{tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__}")
+        B, T = ids.shape
+        want = (c.n_layers, c.n_kv_heads, c.d_head)
+        if (cache.n_layers, cache.n_kv_heads, cache.d_head) != want or cache.batch_size != B:
+            raise ValueError(f"cache of shape (L, B, H_kv, d_head) = ({cache.n_layers}, "
+                             f"{cache.batch_size}, {cache.n_kv_heads}, {cache.d_head}) does not "
+                             f"fit this model and batch ({want[0]}, {B}, {want[1]}, {want[2]})")
+        if cache.length + T > cache.max_seq_len:
+            raise ValueError(f"{cache.length} cached + {T} new tokens = {cache.length + T} "
+                             f"exceed the cache's max_seq_len={cache.max_seq_len}")
+        if positions is None:
+            positions = cache.length + torch.arange(T, device=ids.device)  # (T,)
+        return positions
+
+    def forward(self, ids: Tensor, positions: Tensor | None = None,
+                cache: KVCache | None = None) -> Tensor:
         """Logits of the next token at every position: ids (B, T) -> (B, T, V).
 
         ``positions`` (T,) or (B, T) default to 0, 1, ..., T-1; with ``positions=None`` a
-        sequence longer than ``max_seq_len`` is a ``ValueError`` naming both.
+        sequence longer than ``max_seq_len`` is a ``ValueError`` naming both. With a
+        ``cache`` (:class:`~llmbook.kvcache.KVCache`, chapter 12) ``ids`` are the tokens
+        that follow the cached ones: positions default to ``cache.length + arange(T)``,
+        attention sees the cached keys and values too, and the cache grows by T.
         """
+        if cache is not None:
+            positions = self._check_cache(ids, positions, cache)
         positions = self._check_inputs(ids, positions)
         x = F.embedding(ids, self.embed.weight)  # (B, T, d): the lookup E[ids] of chapter 2
         if self.pos_embed is not None:
@@ -337,8 +364,10 @@ class TransformerLM(nn.Module):
             def rope(t: Tensor, _positions: Tensor) -> Tensor:
                 return apply_rotary(t, cos, sin, interleaved=interleaved)  # (B, H, T, d_head)
 
-        for block in self.blocks:
-            x = block(x, positions, rope)  # (B, T, d)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, positions, rope, cache, layer)  # (B, T, d)
+        if cache is not None:
+            cache.advance(ids.shape[1])
         h = self.final_norm(x)  # (B, T, d)
         if self.lm_head is None:
             return F.linear(h, self.embed.weight)  # (B, T, V): z = h E^T, tied

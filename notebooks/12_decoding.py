@@ -1,0 +1,600 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 12 Decoding
+#
+# A trained language model gives, for every prefix, a distribution over the next token:
+# logits $z \in \mathbb{R}^V$ and probabilities $p = \mathrm{softmax}(z)$. Turning that into
+# text is a separate decision, the *decoding rule*, and it matters as much as the model:
+# the same weights write loops, gibberish or fluent text depending on it. This chapter
+# derives and checks the common rules.
+#
+# 1. **Greedy** decoding and why it loops.
+# 2. **Temperature**: $\mathrm{softmax}(z/T)$, its limits, and a worked table.
+# 3. **Top-k** and **top-p** (nucleus) filtering, with worked examples and property tests.
+# 4. **Beam search**, and a model on which it finds the most likely sequence where greedy
+#    does not.
+# 5. The book's text model under each rule, and the **KV cache** that makes generation
+#    cheap (chapter 13 studies its cost).
+# 6. **Speculative decoding**: a small draft model proposes, the large one verifies, and a
+#    rejection rule makes the output distribution *exactly* the large model's. We prove it
+#    with SymPy, test it with a chi-square test, and check the expected speed-up.
+#
+# The code is in `llmbook.sampling` and `llmbook.kvcache`.
+
+# %%
+import itertools
+import math
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+import sympy as sp
+import torch
+from IPython.display import display
+
+from llmbook.data import default_source
+from llmbook.kvcache import KVCache, kv_cache_bytes
+from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.ngram import NGramModel
+from llmbook.pretrained import book_model
+from llmbook.sampling import (
+    BigramLM,
+    apply_temperature,
+    beam_search,
+    chi_square_sf,
+    chi_square_test,
+    expected_tokens_per_step,
+    generate,
+    sample_next,
+    sequence_log_prob,
+    speculative_generate,
+    speculative_sample,
+    top_k_filter,
+    top_p_filter,
+)
+
+g = seed_everything(0)
+torch.set_num_threads(1)  # tiny tensors: one thread is as fast and steadier
+text_model, text_info = book_model("text")
+tok = text_info["tokenizer"]
+print(f"text model: V = {text_model.config.vocab_size}, context {text_model.config.max_seq_len}, "
+      f"validation loss {text_info['val_loss']:.3f} nats/token")
+
+# %% [markdown]
+# ## 12.1 Greedy decoding
+#
+# The simplest rule takes the most likely token, $x_{t+1} = \arg\max_x z_x$, appends it
+# and repeats. It is deterministic, and it is what `temperature=0` means in
+# `llmbook.sampling.generate` (and in most serving APIs). On the book's small text model
+# (chapter 10: two layers, 512 BPE tokens, a few seconds of training on docstrings):
+
+# %%
+prompt = torch.tensor([tok.encode("Return the ")])  # (1, T)
+greedy = generate(text_model, prompt, 40, temperature=0)
+print(repr(tok.decode(greedy[0].tolist())))
+
+# %% [markdown]
+# Greedy decoding falls into a loop: once a few tokens repeat, the repetition itself makes
+# the same continuation most likely again. Holtzman et al. (2020, "The Curious Case of
+# Neural Text Degeneration") document this for large models too: maximising probability
+# produces text that is *less* likely to be human-written, whose per-token probabilities
+# are far higher than those of real text. Sampling from $p$ instead avoids the loop; the
+# rules below decide *how much* of $p$ to sample from.
+
+# %% [markdown]
+# ## 12.2 Temperature
+#
+# Dividing the logits by a temperature $T > 0$ before the softmax,
+#
+# $$p_i(T) = \frac{e^{z_i / T}}{\sum_j e^{z_j / T}},$$
+#
+# sharpens the distribution for $T < 1$ and flattens it for $T > 1$. The limits, for
+# distinct logits: $T \to \infty$ gives the uniform distribution, $T \to 0^+$ puts all
+# mass on the arg max (greedy). SymPy on two logits $a > b$ (the ratio $p_b / p_a =
+# e^{(b - a)/T}$ carries all the information):
+
+# %%
+a, b, T = sp.symbols("a b T", real=True)
+d = sp.symbols("Delta", positive=True)  # a - b > 0
+ratio = sp.exp((b - a) / T)
+display(sp.Eq(sp.Symbol("p_b/p_a"), ratio))
+lim_hot = sp.limit(sp.exp(-d / T), T, sp.oo)
+lim_cold = sp.limit(sp.exp(-d / T), T, 0, "+")
+print("T -> oo:", lim_hot, "(uniform)   T -> 0+:", lim_cold, "(all mass on the arg max)")
+checks = Checks("temperature limits")
+checks.equal("p_b/p_a -> 1 as T -> oo", 1, int(lim_hot))
+checks.equal("p_b/p_a -> 0 as T -> 0+", 0, int(lim_cold))
+checks
+
+# %%
+show_source(apply_temperature)
+
+# %% [markdown]
+# A worked table for the logits $z = (-0.336, 0.261, 0.260, -0.004, 0.341)$. Every row is a
+# probability distribution and must sum to 1; we print the sums (a published version of
+# this table has a $T = 0.5$ row that does not).
+
+# %%
+z = torch.tensor([-0.336, 0.261, 0.260, -0.004, 0.341], dtype=torch.float64)
+temperatures = [0.1, 0.5, 1.0, 2.0, 10.0]
+rows = {t: torch.softmax(apply_temperature(z, t), dim=-1) for t in temperatures}
+print("   T  " + "  ".join(f"  p_{i}  " for i in range(5)) + "    sum")
+for t, p in rows.items():
+    print(f"{t:4g}  " + "  ".join(f"{v:.4f}" for v in p.tolist()) + f"   {float(p.sum()):.4f}")
+
+# %%
+checks = Checks("temperature table")
+checks.close("T = 1 row", [0.1251, 0.2273, 0.2270, 0.1744, 0.2462], rows[1.0], tol=5e-5)
+checks.close("T = 0.5 row", [0.0746, 0.2461, 0.2456, 0.1449, 0.2888], rows[0.5], tol=5e-5)
+for t in temperatures:
+    checks.close(f"T = {t:g} row sums to 1", 1.0, float(rows[t].sum()), tol=1e-12)
+checks.true("T = 0.1 row: arg max has > 0.5", float(rows[0.1][4]) > 0.5, float(rows[0.1][4]))
+checks
+
+# %% [markdown]
+# The entropy $H(T) = -\sum_i p_i(T) \log p_i(T)$ (nats) measures how spread the
+# distribution is: 0 for greedy, $\log V$ for uniform. It increases with $T$ (its derivative
+# is $\mathrm{Var}_{p(T)}[z] / T^3 \ge 0$). Below for the example logits and for the text
+# model's next-token distribution after the prompt above.
+
+# %%
+def entropy(logits: torch.Tensor, t: float) -> float:
+    logp = torch.log_softmax(apply_temperature(logits.double(), t), dim=-1)
+    return float(-(logp.exp() * logp).sum())
+
+
+with torch.no_grad():
+    z_text = text_model(prompt)[0, -1]  # (V,)
+ts = np.geomspace(0.05, 20, 80)
+fig, ax = plt.subplots(figsize=(6.4, 3.6))
+for logits, name in ((z, "example logits, V = 5"), (z_text, "text model, V = 512")):
+    ax.plot(ts, [entropy(logits, t) for t in ts], label=name)
+    ax.axhline(math.log(logits.numel()), ls=":", c="gray")
+ax.set(xscale="log", xlabel="temperature T", ylabel="entropy H(T) (nats)",
+       title="Entropy of softmax(z / T) rises from 0 (greedy) to log V (uniform)")
+ax.legend()
+save_figure(fig, "12_decoding_entropy")
+plt.show()
+
+# %%
+hs = [entropy(z_text, t) for t in ts]
+checks = Checks("entropy against temperature")
+checks.true("H(T) increasing (text model)", bool(np.all(np.diff(hs) > 0)))
+checks.close("H(20) -> log 512", math.log(512), hs[-1], tol=0.1)
+checks.close("H(0.002) -> 0 (example)", 0.0, entropy(z, 0.002), tol=1e-9)
+checks
+
+# %% [markdown]
+# The dotted lines are $\log V$: a hot model spreads towards it, a cold one collapses to
+# the greedy choice. *Where* the transition happens depends on the gaps between the top
+# logits, not on the temperature alone: the example's top three logits lie within 0.08 of
+# each other, so even $T = 0.05$ leaves about 0.8 nats of uncertainty, while the text
+# model's logits spread over several units and it is practically greedy below $T \approx
+# 0.2$ and close to uniform above $T \approx 5$.
+#
+# ## 12.3 Top-k sampling
+#
+# Temperature alone keeps every token: with $V = 50{,}000$ the many individually unlikely
+# tokens together carry real mass, and one of them is eventually drawn and derails the
+# text. **Top-k** (Fan, Lewis & Dauphin, 2018, "Hierarchical Neural Story Generation")
+# samples only among the $k$ largest logits: the others get $-\infty$, and the softmax
+# renormalises the rest. Ties at the boundary are broken by token index, so exactly
+# $k$ tokens survive.
+
+# %%
+show_source(top_k_filter)
+
+# %%
+kept = torch.softmax(top_k_filter(z, 2), dim=-1)
+print("top-2 keeps tokens", torch.nonzero(kept).flatten().tolist(), "with p =",
+      [round(v, 4) for v in kept[kept > 0].tolist()])
+checks = Checks("top-k example")
+checks.equal("kept tokens", [1, 4], torch.nonzero(kept).flatten().tolist())
+checks.close("renormalised", (rows[1.0][[1, 4]] / rows[1.0][[1, 4]].sum()).tolist(),
+             kept[[1, 4]], tol=1e-12)
+checks
+
+# %% [markdown]
+# ## 12.4 Top-p (nucleus) sampling
+#
+# A fixed $k$ is too many when the model is sure and too few when it is not. The
+# **nucleus** (Holtzman et al., 2020) adapts: sort the probabilities
+# $p_{(1)} \ge p_{(2)} \ge \dots$ and keep the smallest prefix whose mass reaches $p$,
+#
+# $$k^* = \min\{k : p_{(1)} + \dots + p_{(k)} \ge p\},$$
+#
+# then renormalise. Token $(i)$ is kept exactly when the mass *before* it is still below
+# $p$, which is what the code tests.
+
+# %%
+show_source(top_p_filter)
+
+# %% [markdown]
+# For our logits at $p = 0.75$: the sorted probabilities are 0.2462 (token 4), 0.2273 (1),
+# 0.2270 (2), 0.1744 (3), 0.1251 (0). The first three sum to 0.7005 < 0.75, so token 3 is
+# needed as well (0.8749 ≥ 0.75) and only token 0 is dropped:
+
+# %%
+p1 = rows[1.0]
+nucleus = torch.softmax(top_p_filter(z, 0.75), dim=-1)
+print("cumulative (sorted):", [round(v, 4) for v in torch.cumsum(p1.sort(descending=True).values, 0).tolist()])
+print("nucleus p:", [round(v, 4) for v in nucleus.tolist()], " sum", round(float(nucleus.sum()), 4))
+checks = Checks("nucleus at p = 0.75")
+checks.equal("kept tokens", [1, 2, 3, 4], torch.nonzero(nucleus).flatten().tolist())
+checks.close("renormalised probabilities", [0.2598, 0.2595, 0.1993, 0.2814], nucleus[1:], tol=5e-5)
+checks.close("sums to 1", 1.0, float(nucleus.sum()), tol=1e-12)
+checks.equal("p = 0.70 keeps 3 tokens", 3, int(torch.isfinite(top_p_filter(z, 0.70)).sum()))
+checks
+
+# %% [markdown]
+# The tests check three invariants on random logits with `hypothesis`: top-k keeps
+# exactly $\min(k, V)$ tokens, none smaller than a dropped one; top-p keeps a prefix of the
+# sorted order that reaches $p$ while the prefix one shorter does not; and the filtered
+# distributions sum to 1. `sample_next` composes the rules: temperature, then top-k, then
+# top-p, then a draw (or the arg max when $T = 0$).
+
+# %%
+show_source(sample_next)
+
+# %% [markdown]
+# ## 12.5 Beam search
+#
+# Greedy decoding maximises each factor of $P(x_{1:n}) = \prod_t p(x_t \mid x_{<t})$ in
+# turn, not the product. **Beam search** keeps the $k$ most probable prefixes ("beams") at
+# each step, extends each by every token and keeps the $k$ best of the $kV$ candidates.
+# With $k = 1$ it is greedy; with $k = V^{n-1}$ it is exhaustive. A hand-made bigram
+# model shows the difference: after token 0, token 1 is likelier (0.55 against 0.41),
+# but nothing after 1 is likely, while 2 is almost always followed by 3.
+
+# %%
+probs = torch.tensor([[0.02, 0.55, 0.41, 0.02],
+                      [0.34, 0.33, 0.01, 0.32],
+                      [0.01, 0.01, 0.01, 0.97],
+                      [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+bigram = BigramLM.from_probs(probs)
+start = torch.tensor([[0]])
+greedy_seq = generate(bigram, start, 2, temperature=0)
+beams = beam_search(bigram, start, num_beams=2, max_new_tokens=2, length_penalty=0.0)
+print("greedy:", greedy_seq[0].tolist(), " P =", round(math.exp(float(sequence_log_prob(bigram, greedy_seq, 1))), 4))
+print("beam 2:", beams[0].tokens.tolist(), " P =", round(math.exp(beams[0].log_prob), 4))
+
+# %%
+every = torch.tensor([[0, i, j] for i, j in itertools.product(range(4), repeat=2)])  # (16, 3)
+logps = sequence_log_prob(bigram, every, 1)
+checks = Checks("beam search against exhaustive enumeration")
+checks.equal("most likely sequence (all 16)", every[int(logps.argmax())].tolist(), beams[0].tokens.tolist())
+checks.close("its probability 0.41 * 0.97", 0.41 * 0.97, math.exp(beams[0].log_prob), tol=1e-12)
+checks.true("greedy is worse", float(sequence_log_prob(bigram, greedy_seq, 1)) < beams[0].log_prob)
+checks.equal("beam width 1 = greedy", greedy_seq[0].tolist(), beam_search(bigram, start, 1, 2)[0].tokens.tolist())
+checks
+
+# %% [markdown]
+# With an end-of-sequence token the beams have different lengths, and the total log
+# probability favours stopping early (every token multiplies in a factor below 1).
+# `beam_search` ranks finished hypotheses by $\log P / n^{\lambda}$ with the
+# `length_penalty` $\lambda$ (Hugging Face's convention): $\lambda = 0$ is the total,
+# $\lambda = 1$ the mean per token. Beam search suits tasks with one right answer
+# (translation); for open-ended text it inherits greedy's blandness and loops.
+#
+# ## 12.6 The text model under each rule
+#
+# Same prompt, same seed, four rules. With a fixed `torch.Generator` each output is
+# reproducible.
+
+# %%
+rules = {"greedy": dict(temperature=0), "T = 0.7": dict(temperature=0.7),
+         "top-k = 20": dict(top_k=20), "top-p = 0.9, T = 0.8": dict(top_p=0.9, temperature=0.8)}
+outputs = {}
+for name, kw in rules.items():
+    out = generate(text_model, prompt, 40, generator=torch.Generator().manual_seed(1), **kw)
+    outputs[name] = out
+    print(f"{name:>20}: {tok.decode(out[0].tolist())!r}")
+
+# %% [markdown]
+# A two-layer model trained for seconds writes docstring-flavoured fragments, not prose;
+# what to see is the effect of the rule: greedy repeats, and lowering the temperature or
+# cutting the tail keeps the samples closer to the frequent patterns of the corpus.
+#
+# ## 12.7 The KV cache, briefly
+#
+# Generating token $t + 1$ needs the keys and values of all earlier positions in every
+# layer. In a causal model they never change once computed, so `generate` keeps them in a
+# `KVCache` (preallocated buffers of shape $(B, H_{kv}, T_{max}, d_{head})$ per layer): it
+# runs the prompt once (the *prefill*) and then the model on one new token per step. The
+# new queries are the last $T$ of the $T_k$ cached positions, so the causal mask is
+# bottom-right aligned: query $i$ sees key $j$ when $j \le i + (T_k - T)$.
+
+# %%
+show_source(KVCache.update)
+
+# %% [markdown]
+# The cache must not change the result: greedy decoding with and without it gives the
+# same tokens, and the logits of a prefill followed by one-token steps equal those of one
+# full forward pass to round-off. The memory is $2 L B T H_{kv} d_{head}$ elements (keys
+# and values), which we compare with the buffers' real size.
+
+# %%
+cached = generate(text_model, prompt, 40, temperature=0, use_cache=True)
+uncached = generate(text_model, prompt, 40, temperature=0, use_cache=False)
+seq = cached[:, :30]
+with torch.no_grad():
+    full = text_model(seq)  # (1, 30, V)
+    cache = KVCache.for_model(text_model, batch_size=1)
+    steps = [text_model(seq[:, :7], cache=cache)] + [text_model(seq[:, t:t + 1], cache=cache)
+                                                       for t in range(7, 30)]
+checks = Checks("KV cache")
+checks.equal("greedy tokens, cache vs none", uncached.tolist(), cached.tolist())
+checks.close("logits: prefill 7 + 23 steps vs full", full, torch.cat(steps, dim=1), tol=1e-5)
+checks.equal("cache length", 30, cache.length)
+checks.equal("bytes: 2 L B T H_kv d_head * 4", kv_cache_bytes(text_model.config, 1, 64), cache.num_bytes())
+checks
+
+# %% tags=["nbval-ignore-output"]
+for use_cache in (False, True):
+    began = time.perf_counter()
+    generate(text_model, prompt, 60, temperature=0, use_cache=use_cache)
+    print(f"use_cache={use_cache}: {1e3 * (time.perf_counter() - began):.0f} ms for 60 tokens")
+
+# %% [markdown]
+# Chapter 13 measures what the cache saves and costs (memory grows linearly with $T$ and
+# dominates at long contexts; grouped-query attention divides it by $H / H_{kv}$).
+#
+# ## 12.8 Speculative decoding
+#
+# A large model's decoding step is slow mostly because it reads all its weights for one
+# token. Scoring $\gamma + 1$ tokens in one pass costs about the same. **Speculative
+# decoding** (Leviathan, Kalman & Matias, 2023, "Fast Inference from Transformers via
+# Speculative Decoding"; Chen et al., 2023, "Accelerating Large Language Model Decoding
+# with Speculative Sampling") uses that: a cheap *draft* model $q$ proposes $\gamma$ tokens,
+# the *target* $p$ scores them all at once, and each drafted token $x$ is
+#
+# * accepted with probability $\min(1, p(x)/q(x))$, left to right;
+# * at the first rejection, replaced by a draw from the residual
+#   $r = \mathrm{norm}(\max(0, p - q))$, and the step ends;
+# * if all $\gamma$ are accepted, one more token is drawn from $p$ (the target computed
+#   that distribution anyway).
+#
+# **Claim**: each output token is distributed exactly as $p$. The probability of emitting
+# $x$ at one position is
+#
+# $$P(x) = q(x)\min\!\Big(1, \frac{p(x)}{q(x)}\Big) + \Big(1 - \sum_y q(y) \min\!\Big(1,
+# \frac{p(y)}{q(y)}\Big)\Big)\, \frac{\max(0, p(x) - q(x))}{\sum_y \max(0, p(y) - q(y))}.$$
+#
+# The $\min$ and $\max$ are resolved by cases: let $S = \{x : p(x) > q(x)\}$. Then
+# $q \min(1, p/q) = q$ on $S$ and $p$ off it, and $\max(0, p - q) = p - q$ on $S$ and 0
+# off it. For $V = 3$ with symbolic $p = (p_1, p_2, 1 - p_1 - p_2)$ and $q = (q_1, q_2,
+# 1 - q_1 - q_2)$ we check every nonempty proper subset $S$ (if $S$ is empty or everything,
+# $p = q$ and nothing is ever rejected):
+
+# %%
+show_source(speculative_sample)
+
+# %%
+def speculative_law(V: int) -> list[tuple[tuple[int, ...], bool]]:
+    ps, qs = sp.symbols(f"p1:{V}", positive=True), sp.symbols(f"q1:{V}", positive=True)
+    p = [*ps, 1 - sum(ps)]
+    q = [*qs, 1 - sum(qs)]
+    results = []
+    for size in range(1, V):
+        for S in itertools.combinations(range(V), size):
+            accept = [q[i] if i in S else p[i] for i in range(V)]  # q min(1, p/q)
+            excess = [p[i] - q[i] if i in S else 0 for i in range(V)]  # max(0, p - q)
+            reject = 1 - sum(accept)
+            law = [accept[i] + reject * excess[i] / sum(excess) for i in range(V)]
+            results.append((S, all(sp.simplify(law[i] - p[i]) == 0 for i in range(V))))
+    return results
+
+
+proof = speculative_law(3)
+for S, ok in proof:
+    print(f"S = {set(S)}: P(x) = p(x) for every x: {ok}")
+
+# %%
+checks = Checks("speculative sampling is exact (SymPy, all orderings)")
+checks.true("V = 3: all 6 cases", all(ok for _, ok in proof), len(proof))
+checks.true("V = 4: all 14 cases", all(ok for _, ok in speculative_law(4)), 14)
+checks
+
+# %% [markdown]
+# The key step is visible in the algebra: the rejection probability
+# $1 - \sum_y \min(p(y), q(y))$ equals $\sum_{y \in S} (p(y) - q(y))$, the residual's
+# normaliser, so on $S$ the rejection branch adds exactly the missing $p(x) - q(x)$.
+#
+# **Empirically.** A chi-square goodness-of-fit test compares the counts $O_x$ of $N$
+# draws with the expected $E_x = N p(x)$: $X^2 = \sum_x (O_x - E_x)^2 / E_x$ is
+# approximately $\chi^2_{V-1}$ if the draws follow $p$. For its p-value we need the
+# survival function of $\chi^2_k$, the regularised upper incomplete gamma function
+# $Q(k/2, x/2)$. For integer $k$ it has a closed form (Abramowitz & Stegun, 1964,
+# 26.4.4–5): for even $k$, $e^{-y}\sum_{i < k/2} y^i / i!$ with $y = x/2$; for odd $k$, an
+# $\mathrm{erfc}$ term plus a similar sum. We check it against SymPy's `uppergamma` and
+# against the Wilson–Hilferty approximation (Wilson & Hilferty, 1931: $(X/k)^{1/3}$ is
+# nearly normal with mean $1 - 2/(9k)$ and variance $2/(9k)$).
+
+# %%
+show_source(chi_square_sf)
+
+# %%
+def wilson_hilferty_sf(x: float, k: int) -> float:
+    zscore = ((x / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
+    return 0.5 * math.erfc(zscore / math.sqrt(2))
+
+
+checks = Checks("chi-square survival function")
+for k, x in ((1, 3.841), (4, 9.488), (7, 5.0), (15, 30.0)):
+    exact = float(sp.uppergamma(sp.Rational(k, 2), sp.Rational(x).limit_denominator(10**6) / 2)
+                  / sp.gamma(sp.Rational(k, 2)))
+    checks.close(f"k = {k}, x = {x}: vs SymPy", exact, chi_square_sf(x, k), tol=1e-10)
+    checks.close(f"k = {k}, x = {x}: vs Wilson-Hilferty", exact, wilson_hilferty_sf(x, k), tol=5e-3)
+checks
+
+# %% [markdown]
+# Now the test on real distributions. The target is the book's synthetic model (chapter
+# 10: it has learned the order-2 Markov source of chapter 3); the draft is a bigram model
+# counted on the source's training data (it sees only the last token, so it is a
+# reasonable but imperfect guess). At one context we take $p$ and $q$ and draw
+# $N = 50{,}000$ speculative samples:
+
+# %%
+target, _ = book_model("synthetic")
+train_ids, _ = default_source().train_val(1_000_000, 100_000)
+draft = BigramLM.from_probs(torch.from_numpy(NGramModel(2, 16, add_k=0.2).fit(train_ids).probability_table()))
+context = train_ids[:6][None].long()  # (1, 6)
+with torch.no_grad():
+    p_t = torch.softmax(target(context)[0, -1].double(), -1)  # (16,)
+    q_d = torch.softmax(draft(context)[0, -1], -1)  # (16,)
+alpha = float(torch.minimum(p_t, q_d).sum())
+samples = speculative_sample(p_t, q_d, 50_000, torch.Generator().manual_seed(0))
+stat, df, pval = chi_square_test(samples, p_t)
+_, _, pval_q = chi_square_test(torch.multinomial(q_d, 50_000, True, generator=torch.Generator().manual_seed(1)), p_t)
+print(f"acceptance rate alpha = sum min(p, q) = {alpha:.4f}")
+print(f"speculative samples vs p: X^2 = {stat:.2f} with {df} dof, p-value = {pval:.3f}")
+print(f"draft samples vs p (control): p-value = {pval_q:.3g}")
+
+# %%
+checks = Checks("chi-square: speculative samples follow the target")
+checks.true("p-value > 0.01 (speculative vs p)", pval > 0.01, pval)
+checks.true("p-value < 1e-6 (draft vs p: the test has power)", pval_q < 1e-6, pval_q)
+checks.close("frequencies vs p (16 tokens)", p_t, torch.bincount(samples, minlength=16) / 50_000,
+             tol=0.01)
+checks
+
+# %% [markdown]
+# **The speed-up.** If each drafted token is accepted independently with probability
+# $\alpha = \sum_x \min(p(x), q(x))$ (the acceptance probability above), a step accepts
+# $n$ drafted tokens with probability $\alpha^n (1 - \alpha)$ for $n < \gamma$ and
+# $\alpha^\gamma$ for $n = \gamma$, and always emits $n + 1$ tokens. The expected number of
+# tokens per target pass (Leviathan et al., 2023, eq. 1) is therefore
+
+# %%
+al, n_ = sp.symbols("alpha n", positive=True)
+gam = sp.symbols("gamma", positive=True, integer=True)
+by_gamma = []
+for gamma_ in range(1, 7):
+    e = sum((k + 1) * al**k * (1 - al) for k in range(gamma_)) + (gamma_ + 1) * al**gamma_
+    by_gamma.append(sp.simplify(e - (1 - al ** (gamma_ + 1)) / (1 - al)) == 0)
+general = sp.piecewise_fold(sp.summation((n_ + 1) * al**n_ * (1 - al), (n_, 0, gam - 1))
+                            + (gam + 1) * al**gam)
+general = general.args[-1][0]  # the branch alpha != 1 (alpha = 1 gives gamma + 1)
+display(sp.Eq(sp.Symbol(r"\mathbb{E}[\mathrm{tokens}]"), (1 - al ** (gam + 1)) / (1 - al)))
+checks = Checks("expected tokens per step")
+checks.true("sum = (1 - a^(g+1)) / (1 - a) for g = 1..6", all(by_gamma), sum(by_gamma))
+checks.true("general gamma (SymPy summation)",
+            sp.simplify(general - (1 - al ** (gam + 1)) / (1 - al)) == 0)
+checks
+
+# %% [markdown]
+# We measure it two ways for $\gamma = 1, \dots, 6$: with context-free models whose $p$
+# and $q$ are fixed (so $\alpha$ is the same at every position and the formula is exact
+# in expectation), and with the synthetic target and the bigram draft (where $\alpha$
+# varies with the context, so the formula at the *average* $\alpha$ is only an
+# approximation).
+
+# %%
+p_fix = torch.tensor([0.45, 0.25, 0.2, 0.1], dtype=torch.float64)
+q_fix = torch.tensor([0.25, 0.25, 0.25, 0.25], dtype=torch.float64)
+alpha_fix = float(torch.minimum(p_fix, q_fix).sum())  # 0.8
+fixed_t, fixed_d = BigramLM.from_probs(p_fix.expand(4, 4)), BigramLM.from_probs(q_fix.expand(4, 4))
+gammas = list(range(1, 7))
+measured_fixed = []
+for gamma_ in gammas:
+    _, st = speculative_generate(fixed_t, fixed_d, torch.tensor([[0]]), 1200, gamma_,
+                                 generator=torch.Generator().manual_seed(gamma_))
+    full_steps = [t for t, n in zip(st.tokens_per_step, st.proposed, strict=True) if n == gamma_]
+    measured_fixed.append(sum(full_steps) / len(full_steps))
+
+# %%
+measured_real, alphas_real = [], []
+prompts = train_ids[:2 * 80].view(80, 2).long()  # 80 prompts of 2 tokens
+with torch.no_grad():
+    for gamma_ in gammas:
+        gen = torch.Generator().manual_seed(100 + gamma_)
+        tokens_per_step, alpha_sum, alpha_n = [], 0.0, 0
+        for pr in prompts:
+            ids, st = speculative_generate(target, draft, pr[None], 14, gamma_, generator=gen)
+            tokens_per_step += [t for t, n in zip(st.tokens_per_step, st.proposed, strict=True) if n == gamma_]
+            pp = torch.softmax(target(ids)[0, 1:-1].double(), -1)
+            qq = torch.softmax(draft(ids)[0, 1:-1], -1)
+            alpha_sum += float(torch.minimum(pp, qq).sum())
+            alpha_n += pp.shape[0]
+        measured_real.append(sum(tokens_per_step) / len(tokens_per_step))
+        alphas_real.append(alpha_sum / alpha_n)
+alpha_real = float(np.mean(alphas_real))
+print(f"real models: average alpha = {alpha_real:.3f}")
+
+# %%
+fig, ax = plt.subplots(figsize=(6.4, 3.8))
+ax.plot(gammas, [expected_tokens_per_step(alpha_fix, k) for k in gammas], "-", c="C0",
+        label=f"formula, alpha = {alpha_fix:.2f}")
+ax.plot(gammas, measured_fixed, "o", c="C0", label="measured, fixed p and q")
+ax.plot(gammas, [expected_tokens_per_step(alpha_real, k) for k in gammas], "-", c="C1",
+        label=f"formula, average alpha = {alpha_real:.2f}")
+ax.plot(gammas, measured_real, "s", c="C1", label="measured, synthetic target + bigram draft")
+ax.set(xlabel="draft length gamma (tokens)", ylabel="tokens per target pass",
+       title="Speculative decoding: (1 - alpha^(gamma+1)) / (1 - alpha) vs measured")
+ax.legend(fontsize=8)
+save_figure(fig, "12_decoding_speculative")
+plt.show()
+
+# %% [markdown]
+# The fixed-distribution points sit on their curve; the returns diminish with $\gamma$
+# because a long draft is rarely accepted to its end ($\alpha^\gamma$ shrinks). With the
+# real models the points scatter around the curve at the average $\alpha$: the
+# acceptance probability varies from context to context, so the formula is then a
+# summary rather than an identity, but a useful one. The bigram draft is accepted less
+# than half the time, so drafts longer than two or three tokens buy almost nothing.
+# The wall-clock speed-up also depends on the draft's cost $c$ relative to the target:
+# $\gamma$ draft passes and one target pass produce the tokens above, so it is
+# $\mathbb{E}[\mathrm{tokens}] / (\gamma c + 1)$ (Exercise 3).
+
+# %%
+checks = Checks("expected tokens per step: formula vs measured")
+for k, m in zip(gammas, measured_fixed, strict=True):
+    checks.close(f"fixed p, q: gamma = {k}", expected_tokens_per_step(alpha_fix, k), m, tol=0.15,
+                 digits=3)
+checks.close("real models: formula at average alpha (all gamma)",
+             [expected_tokens_per_step(alpha_real, k) for k in gammas], measured_real, tol=0.25,
+             digits=3)
+checks.true("real models: tokens per pass grow with gamma", measured_real[-1] > measured_real[0])
+checks
+
+# %% [markdown]
+# ## Summary
+#
+# * Greedy and beam search maximise probability; for open-ended text that produces loops.
+# * Temperature rescales the logits (entropy rises from 0 to $\log V$); top-k and top-p
+#   cut the unreliable tail, top-p adaptively; all three are a few lines on the logits.
+# * The KV cache turns each decoding step into work on one token, with identical output.
+# * Speculative decoding is exact: the accept/reject rule reproduces the target's
+#   distribution (proved by cases, confirmed by a chi-square test), and it emits
+#   $(1 - \alpha^{\gamma+1})/(1 - \alpha)$ tokens per target pass.
+#
+# ## Exercises
+#
+# 1. **(easy) Min-p sampling.** Nguyen et al. (2024, "Turning Up the Heat: Min-p Sampling
+#    for Creative and Coherent LLM Outputs") keep the tokens with $p(x) \ge p_{min} \cdot
+#    \max_y p(y)$. Write `min_p_filter(logits, p_min)`, find which of the example's tokens
+#    it keeps at $p_{min} = 0.8$, and show that adding a constant to all logits changes
+#    nothing while a temperature of 0.1 leaves a single token.
+# 2. **(medium) A temperature for a target entropy.** Since $H(T)$ is increasing, find $T$
+#    with $H(T) = h$ by bisection: `temperature_for_entropy(logits, h)`. What temperature
+#    gives the example logits an entropy of 1.0 nat?
+# 3. **(medium) The best draft length.** With a draft costing $c$ target passes, the
+#    expected speed-up is $(1 - \alpha^{\gamma+1}) / ((1 - \alpha)(\gamma c + 1))$
+#    (Leviathan et al., 2023, theorem 3.8). Write `best_gamma(alpha, c, max_gamma)` and
+#    tabulate it for $\alpha \in \{0.6, 0.8, 0.9\}$ and $c \in \{0.05, 0.2\}$.
+# 4. **(easy) Cache memory.** Use `kv_cache_bytes` to compute the KV cache of Llama 2 7B
+#    ($L = 32$, $H_{kv} = 32$, $d_{head} = 128$) at $T = 4096$, $B = 1$ in bfloat16, and
+#    the same with 8 KV heads (grouped-query attention). Write `llama_cache_gib(n_kv_heads)`.
+#
+# Reference solutions: `notebooks/solutions/12_decoding.py`.

@@ -1,0 +1,61 @@
+"""Reference solutions to the exercises of notebooks/12_decoding."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from llmbook.kvcache import kv_cache_bytes
+from llmbook.model import TransformerConfig
+from llmbook.sampling import apply_temperature, expected_tokens_per_step
+
+
+def min_p_filter(logits: Tensor, p_min: float) -> Tensor:
+    """Exercise 1: keep tokens with p(x) >= p_min * max_y p(y) (Nguyen et al., 2024).
+
+    p(x) / max p = exp(z_x - max z), so the rule is z_x >= max z + log p_min: it depends on
+    the logits' differences only (a shift changes nothing) but scales with 1/T.
+    """
+    if not 0 < p_min <= 1:
+        raise ValueError(f"p_min must lie in (0, 1], got {p_min}")
+    z_max = logits.max(dim=-1, keepdim=True).values  # (..., 1)
+    return logits.masked_fill(logits < z_max + math.log(p_min), float("-inf"))
+
+
+def entropy_at(logits: Tensor, temperature: float) -> float:
+    """H(softmax(z / T)) in nats."""
+    logp = torch.log_softmax(apply_temperature(logits.double(), temperature), dim=-1)
+    return float(-(logp.exp() * logp).sum())
+
+
+def temperature_for_entropy(logits: Tensor, h: float, lo: float = 1e-4, hi: float = 1e4,
+                            iters: int = 200) -> float:
+    """Exercise 2: the T with H(softmax(z / T)) = h, by bisection on log T (H increases in T)."""
+    if not entropy_at(logits, lo) <= h <= entropy_at(logits, hi):
+        raise ValueError(f"h={h} is outside the entropies reachable in [{lo}, {hi}]")
+    a, b = math.log(lo), math.log(hi)
+    for _ in range(iters):
+        mid = (a + b) / 2
+        if entropy_at(logits, math.exp(mid)) < h:
+            a = mid
+        else:
+            b = mid
+    return math.exp((a + b) / 2)
+
+
+def speedup(alpha: float, gamma: int, c: float) -> float:
+    """Expected wall-clock speed-up: E[tokens per pass] / (gamma c + 1)."""
+    return expected_tokens_per_step(alpha, gamma) / (gamma * c + 1)
+
+
+def best_gamma(alpha: float, c: float, max_gamma: int = 20) -> int:
+    """Exercise 3: the draft length 1..max_gamma with the largest expected speed-up."""
+    return max(range(1, max_gamma + 1), key=lambda g: speedup(alpha, g, c))
+
+
+def llama_cache_gib(n_kv_heads: int = 32, seq_len: int = 4096) -> float:
+    """Exercise 4: the KV cache of Llama 2 7B (L = 32, d_head = 128) in bfloat16, B = 1, GiB."""
+    config = TransformerConfig.llama_style(n_kv_heads=n_kv_heads)
+    return kv_cache_bytes(config, 1, seq_len, torch.bfloat16) / 2**30

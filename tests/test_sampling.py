@@ -1,0 +1,306 @@
+"""Tests of llmbook.sampling: the filters, generate, beam search, speculative sampling."""
+
+import itertools
+import math
+
+import pytest
+import sympy as sp
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmbook.model import TransformerConfig, TransformerLM
+from llmbook.sampling import (
+    BigramLM,
+    apply_temperature,
+    beam_search,
+    chi_square_sf,
+    chi_square_test,
+    expected_tokens_per_step,
+    generate,
+    residual_distribution,
+    sample_next,
+    sequence_log_prob,
+    speculative_generate,
+    speculative_sample,
+    top_k_filter,
+    top_p_filter,
+)
+
+Z = torch.tensor([-0.336, 0.261, 0.260, -0.004, 0.341], dtype=torch.float64)
+
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny tensors: one thread avoids thread-pool overhead on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+logit_rows = st.lists(st.floats(-8, 8, allow_nan=False), min_size=2, max_size=12).map(
+    lambda xs: torch.tensor(xs, dtype=torch.float64))
+
+
+# ---------------------------------------------------------------- worked examples
+
+
+def test_temperature_table() -> None:
+    p1 = torch.softmax(apply_temperature(Z, 1.0), -1)
+    p05 = torch.softmax(apply_temperature(Z, 0.5), -1)
+    torch.testing.assert_close(p1, torch.tensor([0.1251, 0.2273, 0.2270, 0.1744, 0.2462],
+                                                dtype=torch.float64), atol=5e-5, rtol=0)
+    torch.testing.assert_close(p05, torch.tensor([0.0746, 0.2461, 0.2456, 0.1449, 0.2888],
+                                                 dtype=torch.float64), atol=5e-5, rtol=0)
+    assert abs(float(p05.sum()) - 1) < 1e-12
+    # T -> 0 tends to the arg max, T -> infinity to uniform
+    assert float(torch.softmax(apply_temperature(Z, 1e-3), -1)[4]) > 0.999
+    torch.testing.assert_close(torch.softmax(apply_temperature(Z, 1e4), -1),
+                               torch.full((5,), 0.2, dtype=torch.float64), atol=1e-4, rtol=0)
+
+
+def test_nucleus_worked_example() -> None:
+    # sorted: 4 (0.2462), 1 (0.2273), 2 (0.2270) -> 0.7005 < 0.75, so 3 (0.1744) joins
+    kept = torch.softmax(top_p_filter(Z, 0.75), -1)
+    assert kept[0] == 0 and bool((kept[1:] > 0).all())
+    p = torch.softmax(Z, -1)
+    torch.testing.assert_close(kept[1:], p[1:] / p[1:].sum())
+    torch.testing.assert_close(kept, torch.tensor([0, 0.2598, 0.2595, 0.1993, 0.2814],
+                                                  dtype=torch.float64), atol=5e-5, rtol=0)
+    assert int(torch.isfinite(top_p_filter(Z, 0.7)).sum()) == 3
+    assert int(torch.isfinite(top_p_filter(Z, 0.2)).sum()) == 1
+
+
+def test_top_k_worked_example_and_ties() -> None:
+    out = top_k_filter(Z, 2)
+    assert torch.isfinite(out).tolist() == [False, True, False, False, True]
+    tied = torch.tensor([1.0, 3.0, 3.0, 3.0, 0.0])
+    assert torch.isfinite(top_k_filter(tied, 2)).tolist() == [False, True, True, False, False]
+    assert torch.equal(top_k_filter(Z, 9), Z)
+
+
+def test_sample_next_greedy_and_filters() -> None:
+    logits = torch.tensor([[0.0, 2.0, 1.0], [5.0, 5.0, -1.0]])
+    assert sample_next(logits, temperature=0).tolist() == [1, 0]
+    g = torch.Generator().manual_seed(0)
+    draws = torch.stack([sample_next(logits, top_k=1, generator=g) for _ in range(20)])
+    assert bool((draws[:, 0] == 1).all()) and bool((draws[:, 1] == 0).all())  # ties: lower index
+
+
+# ---------------------------------------------------------------- properties
+
+
+@settings(max_examples=60, deadline=None)
+@given(logit_rows, st.integers(1, 14))
+def test_top_k_keeps_exactly_k(z: torch.Tensor, k: int) -> None:
+    out = top_k_filter(z, k)
+    kept = torch.isfinite(out)
+    assert int(kept.sum()) == min(k, z.numel())
+    if not bool(kept.all()):
+        assert float(z[kept].min()) >= float(z[~kept].max())
+    assert abs(float(torch.softmax(out, -1).sum()) - 1) < 1e-12
+
+
+@settings(max_examples=60, deadline=None)
+@given(logit_rows, st.floats(0.01, 0.999))
+def test_top_p_keeps_minimal_prefix(z: torch.Tensor, p: float) -> None:
+    out = top_p_filter(z, p)
+    kept = torch.isfinite(out)
+    probs = torch.softmax(z, -1)
+    order = torch.sort(probs, descending=True, stable=True).indices
+    n = int(kept.sum())
+    assert kept[order[:n]].all()  # a prefix of the sorted order
+    assert float(probs[order[:n]].sum()) >= p - 1e-12  # reaches p
+    assert float(probs[order[:n - 1]].sum()) < p  # and no shorter prefix does
+    assert abs(float(torch.softmax(out, -1).sum()) - 1) < 1e-12
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(0.01, 1.0), min_size=2, max_size=8),
+       st.lists(st.floats(0.01, 1.0), min_size=2, max_size=8))
+def test_residual_mass_is_rejection_probability(a: list[float], b: list[float]) -> None:
+    n = min(len(a), len(b))
+    p = torch.tensor(a[:n], dtype=torch.float64)
+    q = torch.tensor(b[:n], dtype=torch.float64)
+    p, q = p / p.sum(), q / q.sum()
+    # sum max(0, p - q) = 1 - sum min(p, q), and the speculative law reproduces p exactly
+    assert abs(float(torch.clamp(p - q, min=0).sum()) - (1 - float(torch.minimum(p, q).sum()))) < 1e-12
+    law = torch.minimum(p, q) + (1 - torch.minimum(p, q).sum()) * residual_distribution(p, q)
+    torch.testing.assert_close(law, p, atol=1e-12, rtol=0)
+
+
+# ---------------------------------------------------------------- beam search
+
+
+def _beam_model() -> BigramLM:
+    probs = torch.tensor([[0.02, 0.55, 0.41, 0.02],   # after 0: greedy takes 1 ...
+                          [0.34, 0.33, 0.01, 0.32],   # ... but nothing after 1 is likely
+                          [0.01, 0.01, 0.01, 0.97],   # after 2 the next token is almost sure
+                          [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+    return BigramLM.from_probs(probs)
+
+
+def test_beam_beats_greedy_and_finds_the_exact_optimum() -> None:
+    model, prompt = _beam_model(), torch.tensor([[0]])
+    greedy = generate(model, prompt, 2, temperature=0)
+    beams = beam_search(model, prompt, num_beams=2, max_new_tokens=2, length_penalty=0.0)
+    all_seqs = torch.tensor([[0, a, b] for a, b in itertools.product(range(4), repeat=2)])
+    logps = sequence_log_prob(model, all_seqs, 1)
+    best = all_seqs[int(logps.argmax())]
+    assert greedy[0].tolist() == [0, 1, 0]
+    assert beams[0].tokens.tolist() == best.tolist() == [0, 2, 3]
+    assert math.isclose(beams[0].log_prob, math.log(0.41 * 0.97), rel_tol=1e-12)
+    assert float(sequence_log_prob(model, greedy, 1)) < beams[0].log_prob
+    assert beam_search(model, prompt, 1, 2)[0].tokens.tolist() == greedy[0].tolist()
+
+
+def test_exhaustive_beam_equals_enumeration() -> None:
+    g = torch.Generator().manual_seed(0)
+    model = BigramLM(torch.randn(3, 3, generator=g, dtype=torch.float64) * 2)
+    prompt = torch.tensor([[1]])
+    seqs = torch.tensor([[1, *s] for s in itertools.product(range(3), repeat=3)])
+    logps = sequence_log_prob(model, seqs, 1)
+    beams = beam_search(model, prompt, num_beams=9, max_new_tokens=3, length_penalty=0.0)
+    assert beams[0].tokens.tolist() == seqs[int(logps.argmax())].tolist()
+    assert math.isclose(beams[0].log_prob, float(logps.max()), rel_tol=1e-12)
+    assert [h.score for h in beams] == sorted((h.score for h in beams), reverse=True)
+
+
+def test_beam_length_penalty_with_eos() -> None:
+    # token 3 is the end: stopping at once is likelier in total, continuing likelier per token
+    probs = torch.tensor([[0.05, 0.45, 0.05, 0.45],
+                          [0.01, 0.97, 0.01, 0.01],
+                          [0.25, 0.25, 0.25, 0.25],
+                          [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+    model, prompt = BigramLM.from_probs(probs), torch.tensor([[0]])
+    total = beam_search(model, prompt, 3, 4, length_penalty=0.0, eos_token_id=3)
+    mean = beam_search(model, prompt, 3, 4, length_penalty=1.0, eos_token_id=3)
+    assert total[0].tokens.tolist() == [0, 3]
+    assert mean[0].tokens.tolist() == [0, 1, 1, 1, 1]
+    assert math.isclose(mean[0].score, math.log(0.45 * 0.97**3) / 4, rel_tol=1e-12)
+
+
+# ---------------------------------------------------------------- speculative sampling
+
+
+def test_speculative_sample_matches_target_chi_square() -> None:
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64)
+    q = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    samples = speculative_sample(p, q, 40_000, g)
+    stat, df, pval = chi_square_test(samples, p)
+    assert df == 3 and pval > 1e-3
+    # the same test rejects the draft's own samples: it has power
+    _, _, p_bad = chi_square_test(torch.multinomial(q, 40_000, True, generator=g), p)
+    assert p_bad < 1e-10
+
+
+def test_speculative_generate_is_exact_on_a_bigram() -> None:
+    g = torch.Generator().manual_seed(1)
+    p = torch.softmax(torch.randn(4, 4, generator=g, dtype=torch.float64) * 1.5, -1)
+    q = torch.softmax(torch.randn(4, 4, generator=g, dtype=torch.float64) * 1.5, -1)
+    target, draft = BigramLM.from_probs(p), BigramLM.from_probs(q)
+    prompt = torch.tensor([[2]])
+    second = [int(speculative_generate(target, draft, prompt, 2, gamma=1, generator=g)[0][0, 2])
+              for _ in range(3000)]
+    stat, df, pval = chi_square_test(torch.tensor(second), p[2] @ p)  # P(x_2) = sum p(x_1|2) p(x_2|x_1)
+    assert pval > 1e-3
+
+
+def test_speculative_stats_and_identical_draft() -> None:
+    g = torch.Generator().manual_seed(2)
+    p = torch.softmax(torch.randn(5, 5, generator=g, dtype=torch.float64), -1)
+    same = BigramLM.from_probs(p)
+    ids, stats = speculative_generate(same, same, torch.tensor([[0]]), 13, gamma=3, generator=g)
+    assert ids.shape == (1, 14)
+    assert stats.accepted == stats.proposed == [3, 3, 3, 0]  # 4 + 4 + 4 + 1 tokens
+    assert sum(stats.tokens_per_step) == 13
+
+
+def test_expected_tokens_per_step_formula_and_measurement() -> None:
+    a, n = sp.symbols("alpha n", positive=True)
+    for gamma in range(1, 7):  # E = sum_{n<gamma} (n+1) a^n (1-a) + (gamma+1) a^gamma
+        e = sum((k + 1) * a**k * (1 - a) for k in range(gamma)) + (gamma + 1) * a**gamma
+        assert sp.simplify(e - (1 - a ** (gamma + 1)) / (1 - a)) == 0
+        assert math.isclose(expected_tokens_per_step(0.6, gamma), float(e.subs(a, 0.6)))
+    assert expected_tokens_per_step(1.0, 4) == 5.0
+    p = torch.tensor([0.6, 0.3, 0.1], dtype=torch.float64)
+    q = torch.tensor([0.3, 0.3, 0.4], dtype=torch.float64)
+    alpha = float(torch.minimum(p, q).sum())  # 0.7
+    target, draft = BigramLM.from_probs(p.expand(3, 3)), BigramLM.from_probs(q.expand(3, 3))
+    g = torch.Generator().manual_seed(3)
+    _, stats = speculative_generate(target, draft, torch.tensor([[0]]), 3000, gamma=3, generator=g)
+    full = [t for t, n_ in zip(stats.tokens_per_step, stats.proposed, strict=True) if n_ == 3]
+    assert abs(sum(full) / len(full) - expected_tokens_per_step(alpha, 3)) < 0.08
+
+
+# ---------------------------------------------------------------- chi-square
+
+
+def test_chi_square_sf_against_sympy() -> None:
+    for df in (1, 2, 3, 4, 7, 15):
+        for x in (0.5, 3.0, 11.0, 40.0):
+            exact = float(sp.uppergamma(sp.Rational(df, 2), sp.Float(x) / 2) / sp.gamma(sp.Rational(df, 2)))
+            assert math.isclose(chi_square_sf(x, df), exact, rel_tol=1e-10, abs_tol=1e-300)
+    assert chi_square_sf(0.0, 3) == 1.0
+    assert math.isclose(chi_square_sf(3.841458820694124, 1), 0.05, rel_tol=1e-9)
+
+
+def test_chi_square_statistic_worked_example() -> None:
+    samples = torch.tensor([0] * 30 + [1] * 50 + [2] * 20)
+    stat, df, _ = chi_square_test(samples, torch.tensor([0.25, 0.5, 0.25]))
+    assert df == 2 and math.isclose(stat, (30 - 25) ** 2 / 25 + 0 + (20 - 25) ** 2 / 25)
+    assert chi_square_test(torch.tensor([2]), torch.tensor([0.5, 0.5, 0.0]))[0] == math.inf
+
+
+# ---------------------------------------------------------------- generate and errors
+
+
+def test_generate_shapes_and_determinism() -> None:
+    config = TransformerConfig.gpt2_style(vocab_size=11, d_model=16, n_layers=1, n_heads=2,
+                                          max_seq_len=20)
+    model = TransformerLM(config, generator=torch.Generator().manual_seed(0))
+    prompt = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    a = generate(model, prompt, 7, top_p=0.8, generator=torch.Generator().manual_seed(5))
+    b = generate(model, prompt, 7, top_p=0.8, generator=torch.Generator().manual_seed(5))
+    assert a.shape == (2, 10) and torch.equal(a, b) and torch.equal(a[:, :3], prompt)
+    assert torch.equal(generate(model, prompt, 0), prompt)
+    assert model.training  # restored
+
+
+def test_errors() -> None:
+    config = TransformerConfig.gpt2_style(vocab_size=11, d_model=16, n_layers=1, n_heads=2,
+                                          max_seq_len=8)
+    model = TransformerLM(config)
+    prompt = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        generate(model, prompt, 2, temperature=-1.0)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        apply_temperature(Z, 0.0)
+    with pytest.raises(ValueError, match="top_k must be >= 1, got top_k=0"):
+        top_k_filter(Z, 0)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="top_p must lie in \\(0, 1\\]"):
+            top_p_filter(Z, bad)
+    with pytest.raises(ValueError, match="the prompt = 9 tokens exceed the model's context max_seq_len=8"):
+        generate(model, torch.zeros(1, 9, dtype=torch.long), 1)
+    with pytest.raises(ValueError, match="prompt \\+ max_new_tokens = 10 tokens exceed"):
+        generate(model, prompt, 7)
+    with pytest.raises(ValueError, match="prompt_ids must have shape \\(B, T\\)"):
+        generate(model, torch.tensor([1, 2]), 1)
+    with pytest.raises(TypeError, match="integer tensor"):
+        generate(model, torch.zeros(1, 2), 1)
+    with pytest.raises(ValueError, match="logits must have shape \\(B, V\\)"):
+        sample_next(Z, 1.0)
+    with pytest.raises(ValueError, match="one prompt"):
+        beam_search(model, torch.zeros(2, 2, dtype=torch.long), 2, 2)
+    with pytest.raises(ValueError, match="gamma must be >= 1"):
+        speculative_generate(model, model, prompt, 2, gamma=0)
+    with pytest.raises(ValueError, match="p and q must have the same shape"):
+        residual_distribution(torch.ones(3) / 3, torch.ones(4) / 4)
+    with pytest.raises(ValueError, match="alpha must lie in"):
+        expected_tokens_per_step(1.5, 2)
+    with pytest.raises(ValueError, match="probs must be a distribution"):
+        chi_square_test(torch.tensor([0, 1]), torch.tensor([0.5, 0.6]))
