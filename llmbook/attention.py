@@ -43,6 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from llmbook.validation import check_positive_int
+
 if TYPE_CHECKING:
     from llmbook.kvcache import KVCache
 
@@ -55,14 +57,6 @@ __all__ = [
 ]
 
 
-def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {name}={value}")
-    return value
-
-
 def causal_mask(T_q: int, T_k: int | None = None, offset: int = 0,
                 device: torch.device | str | None = None) -> Tensor:
     """The causal mask: (T_q, T_k) booleans, True where query i may attend to key j.
@@ -73,8 +67,8 @@ def causal_mask(T_q: int, T_k: int | None = None, offset: int = 0,
     are the last T_q of the T_k positions, as when new tokens attend to a KV cache.
     ``T_k`` defaults to ``T_q``.
     """
-    T_q = _check_positive_int("T_q", T_q)
-    T_k = T_q if T_k is None else _check_positive_int("T_k", T_k)
+    T_q = check_positive_int("T_q", T_q)
+    T_k = T_q if T_k is None else check_positive_int("T_k", T_k)
     if isinstance(offset, bool) or not isinstance(offset, int):
         raise TypeError(f"offset must be an int, got {offset!r}")
     i = torch.arange(T_q, device=device)[:, None]  # (T_q, 1) query positions
@@ -200,16 +194,16 @@ class MultiHeadAttention(nn.Module):
                  out_bias: bool | None = None, scale: float | None = None, fused: bool = False,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.d_model = _check_positive_int("d_model", d_model)
-        self.n_heads = _check_positive_int("n_heads", n_heads)
-        self.n_kv_heads = n_heads if n_kv_heads is None else _check_positive_int("n_kv_heads",
+        self.d_model = check_positive_int("d_model", d_model)
+        self.n_heads = check_positive_int("n_heads", n_heads)
+        self.n_kv_heads = n_heads if n_kv_heads is None else check_positive_int("n_kv_heads",
                                                                                  n_kv_heads)
         if d_head is None:
             if d_model % n_heads != 0:
                 raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}; "
                                  f"give d_head explicitly")
             d_head = d_model // n_heads
-        self.d_head = _check_positive_int("d_head", d_head)
+        self.d_head = check_positive_int("d_head", d_head)
         if self.n_heads % self.n_kv_heads != 0:
             raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
         self.scale = 1.0 / math.sqrt(self.d_head) if scale is None else float(scale)
@@ -315,15 +309,15 @@ def attention_flops(T: int, d_model: int, n_heads: int = 1, n_kv_heads: int | No
     saving of a causal mask (the fused kernels skip masked blocks, the matrix products do
     not). ``T_k`` defaults to T. Returns the three parts and their ``total``.
     """
-    T = _check_positive_int("T", T)
-    d_model = _check_positive_int("d_model", d_model)
-    n_heads = _check_positive_int("n_heads", n_heads)
-    n_kv_heads = n_heads if n_kv_heads is None else _check_positive_int("n_kv_heads", n_kv_heads)
+    T = check_positive_int("T", T)
+    d_model = check_positive_int("d_model", d_model)
+    n_heads = check_positive_int("n_heads", n_heads)
+    n_kv_heads = n_heads if n_kv_heads is None else check_positive_int("n_kv_heads", n_kv_heads)
     if d_head is None:
         if d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         d_head = d_model // n_heads
-    T_k = T if T_k is None else _check_positive_int("T_k", T_k)
+    T_k = T if T_k is None else check_positive_int("T_k", T_k)
     D, D_kv = n_heads * d_head, n_kv_heads * d_head
     parts = {
         "projections": 2 * T * d_model * (2 * D + 2 * D_kv),

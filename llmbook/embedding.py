@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from llmbook.validation import check_positive_int
+
 __all__ = [
     "TokenEmbedding",
     "cosine_similarity",
@@ -33,14 +35,6 @@ __all__ = [
     "one_hot",
     "pairwise_cosine",
 ]
-
-
-def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {name}={value}")
-    return value
 
 
 def _check_ids(ids: object, vocab_size: int) -> Tensor:
@@ -68,7 +62,7 @@ def one_hot(ids: Tensor, vocab_size: int, dtype: torch.dtype = torch.float32) ->
     Raises ``TypeError`` for non-integer ids and ``ValueError`` (naming the id and V)
     for ids outside [0, V).
     """
-    vocab_size = _check_positive_int("vocab_size", vocab_size)
+    vocab_size = check_positive_int("vocab_size", vocab_size)
     ids = _check_ids(ids, vocab_size)
     vocab = torch.arange(vocab_size, device=ids.device)  # (V,)
     return (ids.unsqueeze(-1) == vocab).to(dtype)  # (*shape, V)
@@ -83,7 +77,7 @@ def embedding_grad(ids: Tensor, grad_output: Tensor, vocab_size: int) -> Tensor:
 
     Shapes: ``ids`` (*shape), ``grad_output`` (*shape, d) -> (V, d).
     """
-    vocab_size = _check_positive_int("vocab_size", vocab_size)
+    vocab_size = check_positive_int("vocab_size", vocab_size)
     ids = _check_ids(ids, vocab_size)
     if grad_output.shape[:-1] != ids.shape or grad_output.ndim != ids.ndim + 1:
         raise ValueError(
@@ -118,8 +112,8 @@ class TokenEmbedding(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.vocab_size = _check_positive_int("vocab_size", vocab_size)
-        self.d_model = _check_positive_int("d_model", d_model)
+        self.vocab_size = check_positive_int("vocab_size", vocab_size)
+        self.d_model = check_positive_int("d_model", d_model)
         if not std > 0:
             raise ValueError(f"std must be positive, got std={std}")
         self.std = float(std)
@@ -204,11 +198,11 @@ def embedding_parameter_count(
 
     GPT-2 small (V = 50257, d = 768, T_max = 1024, tied): 38,597,376 + 786,432.
     """
-    vocab_size = _check_positive_int("vocab_size", vocab_size)
-    d_model = _check_positive_int("d_model", d_model)
+    vocab_size = check_positive_int("vocab_size", vocab_size)
+    d_model = check_positive_int("d_model", d_model)
     count = vocab_size * d_model  # E
     if not tied:
         count += vocab_size * d_model  # separate LM head W_out (V, d)
     if context_length is not None:
-        count += _check_positive_int("context_length", context_length) * d_model  # (T_max, d)
+        count += check_positive_int("context_length", context_length) * d_model  # (T_max, d)
     return count

@@ -45,6 +45,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from llmbook.validation import check_positive_int
+
 __all__ = [
     "attention_hbm_accesses",
     "flash_attention_backward_reference",
@@ -57,14 +59,6 @@ __all__ = [
 ]
 
 State = tuple[Tensor, Tensor, Tensor | None]
-
-
-def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {name}={value}")
-    return value
 
 
 def _check_tensor(name: str, t: object, min_ndim: int = 1) -> Tensor:
@@ -155,7 +149,7 @@ def online_softmax(x: Tensor, block: int = 128) -> Tensor:
     multiple of ``block``.
     """
     _check_tensor("x", x)
-    block = _check_positive_int("block", block)
+    block = check_positive_int("block", block)
     n = x.shape[-1]
     if n == 0:
         raise ValueError(f"x must have at least one entry in its last dimension, got shape "
@@ -216,8 +210,8 @@ def flash_attention_reference(q: Tensor, k: Tensor, v: Tensor, is_causal: bool =
     of the block sizes. Differentiable by autograd (through the tiles).
     """
     _check_attention_inputs(q, k, v)
-    block_q = _check_positive_int("block_q", block_q)
-    block_k = _check_positive_int("block_k", block_k)
+    block_q = check_positive_int("block_q", block_q)
+    block_k = check_positive_int("block_k", block_k)
     T_q, T_k = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     outs, lses = [], []
@@ -264,8 +258,8 @@ def flash_attention_backward_reference(q: Tensor, k: Tensor, v: Tensor, out: Ten
         raise ValueError(f"need out and grad_out of shape {o_shape} and lse of shape "
                          f"{tuple(q.shape[:-1])}, got out {tuple(out.shape)}, grad_out "
                          f"{tuple(grad_out.shape)} and lse {tuple(lse.shape)}")
-    block_q = _check_positive_int("block_q", block_q)
-    block_k = _check_positive_int("block_k", block_k)
+    block_q = check_positive_int("block_q", block_q)
+    block_k = check_positive_int("block_k", block_k)
     T_q, T_k = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     D = (grad_out * out).sum(dim=-1)  # (..., T_q)
@@ -304,7 +298,7 @@ def attention_hbm_accesses(T: int, d: int, sram: int) -> dict[str, int]:
     2 T d ceil(T / B_r), which is Theta(T^2 d^2 / M) for M = sram (their Theorem 2).
     Returns both counts and ``block_q`` = B_r. Needs 4 d <= sram.
     """
-    T, d, sram = (_check_positive_int(n, x) for n, x in (("T", T), ("d", d), ("sram", sram)))
+    T, d, sram = (check_positive_int(n, x) for n, x in (("T", T), ("d", d), ("sram", sram)))
     if sram < 4 * d:
         raise ValueError(f"sram={sram} elements cannot hold four blocks of width d={d}; need "
                          f"sram >= 4 d = {4 * d}")

@@ -24,15 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from llmbook.validation import check_positive_int
+
 __all__ = ["KVCache", "kv_cache_bytes"]
-
-
-def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {name}={value}")
-    return value
 
 
 def kv_cache_bytes(config: Any, batch_size: int, seq_len: int,
@@ -42,8 +36,8 @@ def kv_cache_bytes(config: Any, batch_size: int, seq_len: int,
     ``config`` is a :class:`~llmbook.model.TransformerConfig` (``n_layers``, ``n_kv_heads``,
     ``d_head``). The factor 2 counts keys and values.
     """
-    batch_size = _check_positive_int("batch_size", batch_size)
-    seq_len = _check_positive_int("seq_len", seq_len)
+    batch_size = check_positive_int("batch_size", batch_size)
+    seq_len = check_positive_int("seq_len", seq_len)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
     element = torch.empty((), dtype=dtype).element_size()
@@ -65,11 +59,11 @@ class KVCache:
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_seq_len: int,
                  d_head: int, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> None:
-        self.n_layers = _check_positive_int("n_layers", n_layers)
-        self.batch_size = _check_positive_int("batch_size", batch_size)
-        self.n_kv_heads = _check_positive_int("n_kv_heads", n_kv_heads)
-        self.max_seq_len = _check_positive_int("max_seq_len", max_seq_len)
-        self.d_head = _check_positive_int("d_head", d_head)
+        self.n_layers = check_positive_int("n_layers", n_layers)
+        self.batch_size = check_positive_int("batch_size", batch_size)
+        self.n_kv_heads = check_positive_int("n_kv_heads", n_kv_heads)
+        self.max_seq_len = check_positive_int("max_seq_len", max_seq_len)
+        self.d_head = check_positive_int("d_head", d_head)
         shape = (batch_size, n_kv_heads, max_seq_len, d_head)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
@@ -80,7 +74,7 @@ class KVCache:
         """An empty cache shaped for ``model`` (a :class:`~llmbook.model.TransformerLM`), on its
         device and in its dtype; ``max_seq_len`` defaults to the model's context length."""
         c = model.config
-        T_max = c.max_seq_len if max_seq_len is None else _check_positive_int("max_seq_len",
+        T_max = c.max_seq_len if max_seq_len is None else check_positive_int("max_seq_len",
                                                                              max_seq_len)
         if T_max > c.max_seq_len:
             raise ValueError(f"max_seq_len={T_max} exceeds the model's context length "

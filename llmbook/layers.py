@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from llmbook.validation import check_positive_int
+
 __all__ = [
     "ACTIVATIONS",
     "MLP",
@@ -54,14 +56,6 @@ _GELU_TANH_CUBIC = 0.044715
 
 
 # ---------------------------------------------------------------- validation
-
-
-def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {name}={value}")
-    return value
 
 
 def _check_eps(eps: object) -> float:
@@ -112,7 +106,7 @@ class LayerNorm(nn.Module):
         self, d: int, eps: float = 1e-5, bias: bool = True, dtype: torch.dtype | None = None
     ) -> None:
         super().__init__()
-        self.d = _check_positive_int("d", d)
+        self.d = check_positive_int("d", d)
         self.eps = _check_eps(eps)
         self.weight = nn.Parameter(torch.ones(d, dtype=dtype))  # gamma (d,)
         self.bias = nn.Parameter(torch.zeros(d, dtype=dtype)) if bias else None  # beta (d,)
@@ -146,7 +140,7 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d: int, eps: float = 1e-6, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.d = _check_positive_int("d", d)
+        self.d = check_positive_int("d", d)
         self.eps = _check_eps(eps)
         self.weight = nn.Parameter(torch.ones(d, dtype=dtype))  # g (d,)
 
@@ -301,8 +295,8 @@ class MLP(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.d_model = _check_positive_int("d_model", d_model)
-        self.d_ff = _check_positive_int("d_ff", d_ff)
+        self.d_model = check_positive_int("d_model", d_model)
+        self.d_ff = check_positive_int("d_ff", d_ff)
         self.activation = activation
         self.act = get_activation(activation)
         self.fc = nn.Linear(d_model, d_ff, bias=bias, dtype=dtype)  # weight (d_ff, d_model)
@@ -333,8 +327,8 @@ class SwiGLU(nn.Module):
         self, d_model: int, d_ff: int, bias: bool = False, dtype: torch.dtype | None = None
     ) -> None:
         super().__init__()
-        self.d_model = _check_positive_int("d_model", d_model)
-        self.d_ff = _check_positive_int("d_ff", d_ff)
+        self.d_model = check_positive_int("d_model", d_model)
+        self.d_ff = check_positive_int("d_ff", d_ff)
         self.gate_proj = nn.Linear(d_model, d_ff, bias=bias, dtype=dtype)  # W_gate (d_ff, d_model)
         self.up_proj = nn.Linear(d_model, d_ff, bias=bias, dtype=dtype)  # W_up (d_ff, d_model)
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias, dtype=dtype)  # W_down (d_model, d_ff)
@@ -350,8 +344,8 @@ def mlp_parameter_count(d_model: int, d_ff: int, bias: bool = True) -> int:
 
     GPT-2 small (d_model = 768, d_ff = 3072, biases): 4,722,432.
     """
-    d_model = _check_positive_int("d_model", d_model)
-    d_ff = _check_positive_int("d_ff", d_ff)
+    d_model = check_positive_int("d_model", d_model)
+    d_ff = check_positive_int("d_ff", d_ff)
     return 2 * d_model * d_ff + ((d_ff + d_model) if bias else 0)
 
 
@@ -360,8 +354,8 @@ def swiglu_parameter_count(d_model: int, d_ff: int, bias: bool = False) -> int:
 
     Llama 2 7B (d_model = 4096, d_ff = 11008, no biases): 135,266,304.
     """
-    d_model = _check_positive_int("d_model", d_model)
-    d_ff = _check_positive_int("d_ff", d_ff)
+    d_model = check_positive_int("d_model", d_model)
+    d_ff = check_positive_int("d_ff", d_ff)
     return 3 * d_model * d_ff + ((2 * d_ff + d_model) if bias else 0)
 
 
@@ -375,8 +369,8 @@ def swiglu_hidden_size(
     a multiple of ``multiple_of`` (the rule of Meta's Llama reference code). Llama 7B:
     d_model = 4096 -> int(2/3 * 16384) = 10922 -> 11008.
     """
-    d_model = _check_positive_int("d_model", d_model)
-    multiple_of = _check_positive_int("multiple_of", multiple_of)
+    d_model = check_positive_int("d_model", d_model)
+    multiple_of = check_positive_int("multiple_of", multiple_of)
     hidden = int(2 * (4 * d_model) / 3)
     if ffn_dim_multiplier is not None:
         if not ffn_dim_multiplier > 0:

@@ -44,19 +44,13 @@ from llmbook.embedding import TokenEmbedding
 from llmbook.kvcache import KVCache
 from llmbook.layers import ACTIVATIONS, MLP, LayerNorm, RMSNorm, SwiGLU
 from llmbook.positional import LearnedPositions, RotaryEmbedding, apply_rotary
+from llmbook.validation import check_positive_int
 
 __all__ = ["DecoderBlock", "TransformerConfig", "TransformerLM"]
 
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
 MLPS = ("gelu", "swiglu")
-
-
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {name}={value}")
 
 
 def _choice(name: str, value: object, options: tuple[str, ...]) -> None:
@@ -109,13 +103,13 @@ class TransformerConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
-            _positive_int(name, getattr(self, name))
+            check_positive_int(name, getattr(self, name))
         _choice("norm", self.norm, NORMS)
         _choice("positions", self.positions, POSITIONS)
         _choice("mlp", self.mlp, MLPS)
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
-        _positive_int("n_kv_heads", self.n_kv_heads)
+        check_positive_int("n_kv_heads", self.n_kv_heads)
         if self.n_heads % self.n_kv_heads != 0:
             raise ValueError(f"n_heads={self.n_heads} is not divisible by "
                              f"n_kv_heads={self.n_kv_heads}")
@@ -124,13 +118,13 @@ class TransformerConfig:
                 raise ValueError(f"d_model={self.d_model} is not divisible by "
                                  f"n_heads={self.n_heads} (or give d_head explicitly)")
             self.d_head = self.d_model // self.n_heads
-        _positive_int("d_head", self.d_head)
+        check_positive_int("d_head", self.d_head)
         if self.positions == "rope" and self.d_head % 2:
             raise ValueError(f"RoPE rotates pairs, so d_head must be even, got d_head={self.d_head}")
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model if self.mlp == "gelu" else \
                 32 * math.ceil(int(8 * self.d_model / 3) / 32)
-        _positive_int("d_ff", self.d_ff)
+        check_positive_int("d_ff", self.d_ff)
         if self.activation is None:
             self.activation = "gelu_tanh" if self.mlp == "gelu" else "silu"
         if self.mlp == "swiglu" and self.activation not in ("silu", "swish"):

@@ -25,6 +25,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from llmbook.validation import check_positive_int
+
 __all__ = [
     "LearnedPositions",
     "RotaryEmbedding",
@@ -40,16 +42,8 @@ __all__ = [
 ]
 
 
-def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {name}={value}")
-    return value
-
-
 def _check_even(name: str, value: object) -> int:
-    value = _check_positive_int(name, value)
+    value = check_positive_int(name, value)
     if value % 2:
         raise ValueError(f"{name} must be even (its entries are rotated in pairs), got {name}={value}")
     return value
@@ -92,7 +86,7 @@ def sinusoidal_positions(
     w_i = base^(-2i/d) for i = 0, ..., d/2 - 1: wavelengths from 2 pi to 2 pi base. The
     table is computed in float64 and rounded once to ``dtype``. ``d_model`` must be even.
     """
-    num_positions = _check_positive_int("num_positions", num_positions)
+    num_positions = check_positive_int("num_positions", num_positions)
     d_model = _check_even("d_model", d_model)
     base = _check_base("base", base)
     pos = torch.arange(num_positions, dtype=torch.float64)  # (T,)
@@ -145,8 +139,8 @@ class LearnedPositions(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.max_seq_len = _check_positive_int("max_seq_len", max_seq_len)
-        self.d_model = _check_positive_int("d_model", d_model)
+        self.max_seq_len = check_positive_int("max_seq_len", max_seq_len)
+        self.d_model = check_positive_int("d_model", d_model)
         if not std > 0:
             raise ValueError(f"std must be positive, got std={std}")
         self.std = float(std)
@@ -309,7 +303,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.d_head = _check_even("d_head", d_head)
         self.theta = _check_base("theta", theta)
-        self.max_seq_len = _check_positive_int("max_seq_len", max_seq_len)
+        self.max_seq_len = check_positive_int("max_seq_len", max_seq_len)
         self.interleaved = bool(interleaved)
         inv_freq = rope_frequencies(d_head, theta, dtype=dtype)  # (d/2,)
         angles = torch.arange(max_seq_len, dtype=dtype)[:, None] * inv_freq  # (T_max, d/2)
@@ -353,7 +347,7 @@ def alibi_slopes(n_heads: int, dtype: torch.dtype = torch.float32) -> Tensor:
     followed by the first H - n of the odd-numbered slopes for 2n heads (m_1, m_3, ...),
     the rule of the paper's reference code. Computed in float64, rounded to ``dtype``.
     """
-    n_heads = _check_positive_int("n_heads", n_heads)
+    n_heads = check_positive_int("n_heads", n_heads)
 
     def power_of_two(n: int) -> list[float]:
         return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
@@ -375,9 +369,9 @@ def alibi_bias(
     must be removed by the causal mask, as in the paper, which applies ALiBi only to
     causal attention.
     """
-    n_heads = _check_positive_int("n_heads", n_heads)
-    T_q = _check_positive_int("T_q", T_q)
-    T_k = T_q if T_k is None else _check_positive_int("T_k", T_k)
+    n_heads = check_positive_int("n_heads", n_heads)
+    T_q = check_positive_int("T_q", T_q)
+    T_k = T_q if T_k is None else check_positive_int("T_k", T_k)
     if T_k < T_q:
         raise ValueError(f"T_k must be at least T_q (the queries are the last T_q keys), "
                          f"got T_q={T_q}, T_k={T_k}")
