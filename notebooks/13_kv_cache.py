@@ -1,0 +1,519 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 13 The KV cache and attention variants
+#
+# Chapter 12 introduced the key/value cache as the thing that makes generation cheap:
+# the keys and values of a causal model's past positions never change, so they are kept
+# instead of recomputed. This chapter measures what that buys and what it costs, and then
+# studies the attention variants that exist mostly to make the cache smaller.
+#
+# 1. **Correctness**: cached generation equals recomputation, token for token.
+# 2. **Compute**: the FLOPs per generated token, $O(T)$ with the cache against $O(T^2)$
+#    without, derived in SymPy, counted by PyTorch's FLOP counter, and timed.
+# 3. **Memory**: $2 L B T H_{kv} d_h$ elements, checked against the cache's tensors and
+#    evaluated for published models.
+# 4. **MQA and GQA**: fewer key/value heads, a cache $H / H_{kv}$ times smaller.
+# 5. **Multi-head latent attention** (DeepSeek-V2): cache a low-rank latent instead of
+#    keys and values, and attend in latent space by absorbing weights (proved in SymPy).
+# 6. **Sliding-window attention** (Longformer, Mistral): a rolling cache of fixed size.
+#
+# The code is in `llmbook.kvcache` (chapter 12) and `llmbook.attention_variants`.
+
+# %%
+import json
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import sympy as sp
+import torch
+import torch.nn.functional as F
+from IPython.display import display
+from torch.utils.flop_counter import FlopCounterMode
+
+import llmbook
+from llmbook.attention import MultiHeadAttention, scaled_dot_product_attention
+from llmbook.attention_variants import (
+    LatentCache,
+    MultiHeadLatentAttention,
+    decode_step_flops,
+    kv_cache_bytes_per_token,
+    mla_cache_bytes_per_token,
+    sliding_window_decode,
+    sliding_window_mask,
+)
+from llmbook.kvcache import KVCache, kv_cache_bytes
+from llmbook.model import TransformerConfig, TransformerLM
+from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.pretrained import book_model
+from llmbook.sampling import generate
+from llmbook.sizing import flops_per_token
+
+g = seed_everything(0)
+torch.set_num_threads(1)  # small tensors: one thread is as fast and steadier
+text_model, text_info = book_model("text")
+tok = text_info["tokenizer"]
+
+# %% [markdown]
+# ## 13.1 A cache that changes nothing
+#
+# At step $t$ a decoder needs, in every layer, the keys $k_j$ and values $v_j$ of all
+# positions $j \le t$. Because the model is causal, $k_j$ and $v_j$ depend only on tokens
+# $\le j$: once computed they are final. The cached forward pass therefore runs the
+# network on the new token only, appends its key and value to the cache, and lets its
+# query attend over all $T_k$ cached positions (the bottom-right aligned causal mask of
+# chapter 12). The layer-level code is a dozen lines:
+
+# %%
+show_source(KVCache.update)
+
+# %% [markdown]
+# The cache is an optimisation, so it must not change the output. On the book's text
+# model, greedy decoding with and without it gives the same 48 tokens (what they say
+# matters little here: greedy decoding of this small model soon loops, as chapter 12
+# showed), and the logits of a prefill of 8 tokens followed by 48 single-token steps
+# equal those of one full forward pass to float32 round-off.
+
+# %%
+prompt = torch.tensor([tok.encode("Return the value of the given object ")])[:, :8]  # (1, 8)
+cached = generate(text_model, prompt, 48, temperature=0, use_cache=True)
+plain = generate(text_model, prompt, 48, temperature=0, use_cache=False)
+with torch.no_grad():
+    full = text_model(cached)  # (1, 56, V)
+    cache = KVCache.for_model(text_model, batch_size=1)
+    steps = [text_model(cached[:, :8], cache=cache)]
+    steps += [text_model(cached[:, t:t + 1], cache=cache) for t in range(8, 56)]
+checks = Checks("KV cache = recomputation (book text model)")
+checks.equal("greedy tokens, cache vs none", plain.tolist(), cached.tolist())
+checks.close("logits: prefill 8 + 48 steps vs full", full, torch.cat(steps, dim=1), tol=1e-5)
+checks.equal("tokens cached", 56, cache.length)
+checks
+
+# %% [markdown]
+# ## 13.2 Compute: O(T) per token instead of O(T²)
+#
+# Chapter 7 counted the forward FLOPs per token on a sequence of $T$ tokens (matrix
+# products only, 2 per multiply-add):
+#
+# $$F(T) = 2 N + 4 L H d_h T,$$
+#
+# where $2N$ collects every weight matrix (projections, feed-forward, LM head) and
+# $4 L H d_h T$ is the query's dot products with $T$ keys plus the weighted sum of $T$
+# values. To produce the token after position $t$:
+#
+# * **with a cache** one token runs through the network and attends to $t$ keys: $F(t)$;
+# * **without** the whole sequence of $t$ tokens is run again: $t \, F(t)$.
+#
+# Summing over $t = 1, \dots, T$ gives the cost of generating $T$ tokens:
+
+# %%
+t, T, N, L, H, d_h = sp.symbols("t T N L H d_h", positive=True, integer=True)
+F_t = 2 * N + 4 * L * H * d_h * t
+with_cache = sp.summation(F_t, (t, 1, T))
+without_cache = sp.summation(t * F_t, (t, 1, T))
+display(sp.Eq(sp.Symbol("C_cache"), sp.factor(with_cache)))
+display(sp.Eq(sp.Symbol("C_recompute"), sp.factor(without_cache)))
+weights_only_ratio = sp.simplify((without_cache / with_cache).subs(L, 0))
+leading_ratio = sp.limit(without_cache / with_cache / T, T, sp.oo)
+display(sp.Eq(sp.Symbol("C_recompute / C_cache (attention neglected)"), weights_only_ratio))
+display(sp.Eq(sp.Symbol("lim C_recompute / (T C_cache)"), leading_ratio))
+
+# %% [markdown]
+# With the cache the total is $2NT + 2LHd_h T(T+1)$: linear in $T$ for the weights, and
+# quadratic only through attention, whose share is small until $T$ approaches
+# $N / (2 L H d_h)$ (exercise 2). Recomputation costs $N T(T+1) + \tfrac{2}{3} L H d_h
+# T(T+1)(2T+1)$: quadratic in the weights' part and cubic in attention. The ratio grows
+# linearly in $T$: $(T+1)/2$ while the weights dominate, $2T/3$ once attention does.
+#
+# The per-step formulas are `decode_step_flops`; we check them against PyTorch's
+# `FlopCounterMode` on a real cached step of a small Llama-style model (the book's own
+# attention, so that the counter sees every product), and the SymPy totals against the
+# sum of per-step counts.
+
+# %%
+show_source(decode_step_flops)
+
+# %%
+small = TransformerConfig.llama_style(vocab_size=96, d_model=48, n_layers=3, n_heads=6,
+                                      n_kv_heads=2, max_seq_len=64, fused_attention=False)
+small_model = TransformerLM(small, generator=g).eval()
+ids = torch.randint(0, 96, (1, 21), generator=g)
+with torch.no_grad():
+    step_cache = KVCache.for_model(small_model, 1)
+    small_model(ids[:, :20], cache=step_cache)
+    with FlopCounterMode(display=False) as counter:
+        small_model(ids[:, 20:], cache=step_cache)  # one new token, 21 keys
+    counted_cached = counter.get_total_flops()
+    with FlopCounterMode(display=False) as counter:
+        small_model(ids)  # all 21 tokens again
+    counted_full = counter.get_total_flops()
+N_eff = (flops_per_token(small, 1) - 4 * small.n_layers * small.n_heads * small.d_head) // 2
+vals = {N: N_eff, L: small.n_layers, H: small.n_heads, d_h: small.d_head, T: 50}
+checks = Checks("FLOPs per generated token")
+checks.equal("cached step (T_k = 21): formula vs FlopCounter", counted_cached,
+             decode_step_flops(small, 21, use_cache=True))
+checks.equal("recomputed step: formula vs FlopCounter", counted_full,
+             decode_step_flops(small, 21, use_cache=False))
+checks.equal("SymPy total with cache, T = 50", int(with_cache.subs(vals)),
+             sum(decode_step_flops(small, s, True) for s in range(1, 51)))
+checks.equal("SymPy total recompute, T = 50", int(without_cache.subs(vals)),
+             sum(decode_step_flops(small, s, False) for s in range(1, 51)))
+checks.equal("ratio, attention neglected", (T + 1) / 2, weights_only_ratio)
+checks.equal("lim C_recompute / (T C_cache)", sp.Rational(2, 3), leading_ratio)
+checks
+
+# %% [markdown]
+# FLOPs are not time: a cached step on the CPU multiplies a single row by every weight
+# matrix, which is limited by reading the weights, while recomputation does large
+# efficient products. So we also time it. The next cell generates 384 tokens with a
+# randomly initialised model of width 256 and 4 layers (context 448) and times every step
+# (timings vary from run to run; the figure is the point, and `benchmarks/kvcache.py`
+# measures whole generations more carefully).
+
+# %% tags=["nbval-ignore-output"]
+mid = TransformerConfig.gpt2_style(vocab_size=512, d_model=256, n_layers=4, n_heads=4,
+                                   max_seq_len=448)
+mid_model = TransformerLM(mid, generator=torch.Generator().manual_seed(0)).eval()
+seq = torch.randint(0, 512, (1, 448), generator=torch.Generator().manual_seed(1))
+positions = np.arange(64, 448)
+ms = {"cache": [], "recompute": []}
+with torch.no_grad():
+    cache_mid = KVCache.for_model(mid_model, 1)
+    mid_model(seq[:, :64], cache=cache_mid)
+    for p in positions:
+        began = time.perf_counter()
+        mid_model(seq[:, p:p + 1], cache=cache_mid)
+        ms["cache"].append(1e3 * (time.perf_counter() - began))
+        if p % 16 == 0:  # recomputation is slow: time every 16th position
+            began = time.perf_counter()
+            mid_model(seq[:, :p + 1])
+            ms["recompute"].append(1e3 * (time.perf_counter() - began))
+print(f"near position 440: cache {np.median(ms['cache'][-16:]):.2f} ms, "
+      f"recompute {ms['recompute'][-1]:.1f} ms per token")
+
+# %%
+fig, ax = plt.subplots(figsize=(6.4, 3.8))
+ax.plot(positions, ms["cache"], ".", ms=3, label="with KV cache (one token)")
+ax.plot(positions[positions % 16 == 0], ms["recompute"], "o-", ms=3,
+        label="without cache (whole prefix)")
+ax.set_xlabel("position of the generated token")
+ax.set_ylabel("time per token (ms)")
+ax.set_yscale("log")
+ax.set_title("Time per generated token, d = 256, L = 4, CPU (1 thread)")
+ax.legend()
+save_figure(fig, "13_kv_cache_time_per_token")
+plt.show()
+
+# %% [markdown]
+# The cached step stays roughly flat (its attention part, linear in the position, is
+# small next to the weight matrices at these lengths), while recomputation grows with the
+# position, as the closed form says. `benchmarks/kvcache.py` times whole generations with
+# `generate` on the book's text model and on this $d = 256$ model; its stored results
+# (measured on a shared CPU, so indicative):
+
+# %%
+bench = json.loads((Path(llmbook.__file__).resolve().parents[1] / "benchmarks" / "results"
+                    / "kvcache.json").read_text())
+print(f"measured {bench['date_utc'][:10]}, {bench['machine']['threads']} thread(s)")
+for run in bench["results"]:
+    for row in run["rows"]:
+        print(f"{run['name']:10s} {row['new_tokens']:4d} new tokens: "
+              f"{row['tokens_per_s_cache']:6.0f} tok/s with cache, "
+              f"{row['tokens_per_s_no_cache']:6.0f} without, speed-up {row['speedup']:5.1f}x")
+
+# %% [markdown]
+# The speed-up grows with the number of generated tokens, roughly linearly as the FLOP
+# ratio predicts; on the tiny book model with its 64-token context it stays small.
+#
+# ## 13.3 Memory: 2 L B T H_kv d_h
+#
+# The price of the cache is memory. Every layer keeps a key and a value vector of width
+# $d_h$ for each of $H_{kv}$ heads, each position and each sequence of the batch:
+#
+# $$M = 2 \cdot L \cdot B \cdot T \cdot H_{kv} \cdot d_h \cdot \text{bytes per element}.$$
+#
+# We check it against the bytes of the cache's real tensors (the sum of
+# `numel() * element_size()`) for a few shapes and element types.
+
+# %%
+checks = Checks("KV memory formula vs the cache's tensors")
+for (L_, B_, H_kv_, d_h_, T_, dtype) in [(2, 1, 4, 16, 64, torch.float32),
+                                         (4, 3, 2, 32, 100, torch.bfloat16),
+                                         (3, 2, 1, 8, 17, torch.float64)]:
+    c_ = KVCache(L_, B_, H_kv_, T_, d_h_, dtype=dtype)
+    real = sum(t_.numel() * t_.element_size() for t_ in (*c_.keys, *c_.values))
+    checks.equal(f"L={L_} B={B_} H_kv={H_kv_} d_h={d_h_} T={T_} {dtype}",
+                 B_ * T_ * kv_cache_bytes_per_token(L_, H_kv_, d_h_, dtype), real)
+checks.equal("book text model, kv_cache_bytes vs tensors",
+             kv_cache_bytes(text_model.config, 1, 64), cache.num_bytes())
+checks
+
+# %% [markdown]
+# For published models the numbers are large. Shapes, from the papers and model cards:
+# Llama 2 7B has 32 layers, 32 heads of 128 and multi-head attention (Touvron et al., 2023,
+# "Llama 2: Open Foundation and Fine-Tuned Chat Models"); Llama 3 70B has 80 layers, 64
+# query heads and 8 key/value heads of 128 (Dubey et al., 2024, "The Llama 3 Herd of
+# Models", table 3); Qwen2-0.5B has 24 layers, 14 query heads and 2 key/value heads of 64
+# (Yang et al., 2024, "Qwen2 Technical Report"); Mistral 7B has 32 layers, 8 key/value
+# heads of 128 and a sliding window of 4096 (Jiang et al., 2023, "Mistral 7B"). At a 4096-token
+# context in fp16 (2 bytes), batch 1:
+
+# %%
+published = [("Llama 2 7B (MHA)", 32, 32, 32, 128), ("Llama 3 70B (GQA)", 80, 64, 8, 128),
+             ("Qwen2-0.5B (GQA)", 24, 14, 2, 64), ("Mistral 7B (GQA)", 32, 32, 8, 128)]
+print(f"{'model':20s} {'L':>3s} {'H':>3s} {'H_kv':>4s} {'d_h':>4s} {'KiB/token':>10s} "
+      f"{'GiB at 4k':>10s} {'H/H_kv':>6s}")
+for name, L_, H_, H_kv_, d_h_ in published:
+    per_token = kv_cache_bytes_per_token(L_, H_kv_, d_h_, torch.float16)
+    print(f"{name:20s} {L_:3d} {H_:3d} {H_kv_:4d} {d_h_:4d} {per_token / 2**10:10.0f} "
+          f"{4096 * per_token / 2**30:10.4g} {H_ // H_kv_:6d}")
+llama70 = TransformerConfig.llama_style(vocab_size=128256, d_model=8192, n_layers=80,
+                                        n_heads=64, n_kv_heads=8, d_ff=28672, max_seq_len=8192)
+checks = Checks("published shapes")
+checks.equal("Llama 3 70B at 4k, fp16, bytes (= 1.25 GiB)", int(1.25 * 2**30),
+             kv_cache_bytes(llama70, 1, 4096, torch.float16))
+checks.equal("Llama 2 7B at 4k, fp16, bytes (= 2 GiB)", 2 * 2**30,
+             4096 * kv_cache_bytes_per_token(32, 32, 128, torch.float16))
+checks
+
+# %% [markdown]
+# A 70B model with multi-head attention (64 key/value heads) would need 10 GiB per
+# 4k-token sequence; grouped-query attention brings it to 1.25 GiB. The cache grows
+# linearly in both $T$ and $B$, so at serving batch sizes it, not the weights, limits how
+# many sequences fit on a device. The figure shows the cache of one sequence against the
+# context length (DeepSeek-V2's latent cache, section 13.5, included).
+
+# %%
+T_grid = np.array([2**k for k in range(9, 18)])
+fig, ax = plt.subplots(figsize=(6.4, 3.8))
+for name, L_, _, H_kv_, d_h_ in published[:3]:
+    ax.plot(T_grid, T_grid * kv_cache_bytes_per_token(L_, H_kv_, d_h_) / 2**30, "o-",
+            ms=3, label=name)
+ax.plot(T_grid, T_grid * mla_cache_bytes_per_token(60, 512, 64) / 2**30, "s--", ms=3,
+        label="DeepSeek-V2 236B (MLA)")
+ax.set_xscale("log", base=2)
+ax.set_yscale("log")
+ax.set_xlabel("context length T (tokens)")
+ax.set_ylabel("KV cache, batch 1, fp16 (GiB)")
+ax.set_title("KV-cache memory of one sequence")
+ax.legend(fontsize=8)
+save_figure(fig, "13_kv_cache_memory")
+plt.show()
+
+# %% [markdown]
+# ## 13.4 MQA and GQA
+#
+# Multi-query attention (Shazeer, 2019, "Fast Transformer Decoding: One Write-Head is All
+# You Need") shares one key/value head among all $H$ query heads; grouped-query attention
+# (Ainslie et al., 2023, "GQA") shares each of $H_{kv}$ heads among a group of
+# $H / H_{kv}$ query heads. Only the cache's $H_{kv}$ changes, so the memory falls by
+# exactly $H / H_{kv}$ (the last column of the table above). Chapter 4 showed that GQA
+# *is* multi-head attention whose key and value projections repeat each head's rows
+# $H / H_{kv}$ times; we check it once more with the cache in place: a GQA layer and an
+# MHA layer built with repeated rows give the same outputs, and the GQA cache is
+# $H / H_{kv} = 3$ times smaller.
+
+# %%
+gqa = MultiHeadAttention(36, 6, 2).double()
+mha = MultiHeadAttention(36, 6, 6).double()
+with torch.no_grad():
+    for name in ("q_proj", "o_proj"):
+        getattr(mha, name).load_state_dict(getattr(gqa, name).state_dict())
+    for name in ("k_proj", "v_proj"):
+        w = getattr(gqa, name).weight  # (H_kv d_h, d) = (12, 36): 2 heads of 6 rows
+        getattr(mha, name).weight.copy_(w.view(2, 6, 36).repeat_interleave(3, 0).reshape(36, 36))
+x = torch.randn(2, 10, 36, generator=g, dtype=torch.float64)
+checks = Checks("GQA = MHA with repeated KV heads")
+checks.close("outputs, H = 6, H_kv = 2", mha(x), gqa(x), tol=1e-12)
+checks.equal("cache bytes MHA / GQA", 3, KVCache(1, 2, 6, 10, 6).num_bytes()
+             // KVCache(1, 2, 2, 10, 6).num_bytes())
+checks
+
+# %% [markdown]
+# ## 13.5 Multi-head latent attention
+#
+# DeepSeek-V2 (DeepSeek-AI, 2024, "DeepSeek-V2: A Strong, Economical, and Efficient
+# Mixture-of-Experts Language Model", section 2.1) shrinks the cache differently: keys and
+# values of all heads are computed from one low-rank *latent*,
+#
+# $$c = x W_{DKV} \in \mathbb{R}^{d_c}, \qquad k_h = c\, W_{UK,h}, \qquad v_h = c\, W_{UV,h},$$
+#
+# with $d_c \ll H d_h$ ($d_c = 512$ against $H d_h = 16384$ in DeepSeek-V2), and only $c$
+# is cached. Decompressing $k$ and $v$ at every step would cost $O(T H d_h d_c)$ per
+# token; instead the up-projections are **absorbed**. For one head with query $q = x W_Q$,
+#
+# $$q\, k^\top = (x W_Q)(c\, W_{UK})^\top = (x W_Q W_{UK}^\top)\, c^\top,$$
+#
+# so the query is mapped into latent space and scored against the cached $c$ directly;
+# and with attention weights $a$ the output is
+#
+# $$a\,(C W_{UV})\, W_O = (a\, C)(W_{UV} W_O),$$
+#
+# so the weights mix the latents and $W_{UV} W_O$ maps the result out. SymPy checks both
+# identities on small symbolic matrices (a $2 \times 3$ input, $d_h = 2$, $d_c = 2$, three
+# cached positions; the identities are associativity and $(AB)^\top = B^\top A^\top$, so
+# the shapes do not matter):
+
+# %%
+def sym(name, rows, cols):
+    return sp.Matrix(rows, cols, lambda i, j: sp.Symbol(f"{name}_{i}{j}"))
+
+
+x_s, W_Q, W_UK, C = sym("x", 2, 3), sym("q", 3, 2), sym("u", 2, 2), sym("c", 3, 2)
+W_UV, W_O, a_s = sym("v", 2, 2), sym("o", 2, 3), sym("a", 2, 3)
+naive_scores = (x_s * W_Q) * (C * W_UK).T  # (2, 3): queries x cached positions
+absorbed_scores = (x_s * W_Q * W_UK.T) * C.T
+naive_out, absorbed_out = a_s * (C * W_UV) * W_O, (a_s * C) * (W_UV * W_O)
+assert sp.simplify(naive_scores - absorbed_scores) == sp.zeros(2, 3)
+assert sp.simplify(naive_out - absorbed_out) == sp.zeros(2, 3)
+display(sp.Eq(naive_scores[0, 0], sp.expand(absorbed_scores[0, 0])))
+
+# %% [markdown]
+# `MultiHeadLatentAttention` implements both paths; the absorbed one keeps the queries in
+# latent space and never forms $k$ or $v$:
+
+# %%
+show_source(MultiHeadLatentAttention.forward)
+
+# %% [markdown]
+# **Positions.** RoPE rotates keys by their position, $k_n = R_n c_n W_{UK}$, and the
+# rotation sits between $W_{UK}$ and the query, so $W_{UK}$ can no longer be folded into
+# $W_Q$. DeepSeek-V2 therefore keeps RoPE out of the latent path and adds a small
+# *decoupled* key of width $d_R = d_h / 2 = 64$, shared by all heads and cached alongside
+# $c$, whose scores are added to the latent ones (section 2.1.3). This chapter's
+# implementation omits it (no positional encoding at all), which leaves the absorption
+# argument and the cache arithmetic intact. The checks: both paths agree in float32 and
+# float64, a prefill followed by cached single-token steps (absorbed) equals the full pass,
+# and the latent cache holds $d_c$ numbers per token and layer.
+
+# %%
+torch.manual_seed(0)
+mla32 = MultiHeadLatentAttention(64, 4, 16, d_latent=24)
+mla64 = MultiHeadLatentAttention(64, 4, 16, d_latent=24, dtype=torch.float64)
+x32 = torch.randn(2, 12, 64)
+x64 = x32.double()
+with torch.no_grad():
+    lat = LatentCache(1, 2, 12, 24, dtype=torch.float64)
+    outs = [mla64(x64[:, :5], cache=lat, absorbed=True)]
+    lat.advance(5)
+    for s in range(5, 12):
+        outs.append(mla64(x64[:, s:s + 1], cache=lat, absorbed=True))
+        lat.advance(1)
+    checks = Checks("multi-head latent attention")
+    checks.close("absorbed vs naive, float32", mla32(x32), mla32(x32, absorbed=True), tol=1e-5)
+    checks.close("absorbed vs naive, float64", mla64(x64), mla64(x64, absorbed=True), tol=1e-12)
+    checks.close("latent cache, 5 + 7 steps vs full", mla64(x64), torch.cat(outs, 1), tol=1e-12)
+checks.equal("latent cache bytes = L B T d_c * 8", 1 * 2 * 12 * 24 * 8, lat.num_bytes())
+checks
+
+# %% [markdown]
+# Per token and layer, multi-head attention caches $2 H d_h$ numbers, GQA $2 H_{kv} d_h$,
+# and MLA $d_c + d_R$. For DeepSeek-V2's shape ($L = 60$, $H = 128$, $d_h = 128$,
+# $d_c = 512$, $d_R = 64$):
+
+# %%
+ds = {"MHA, 128 heads": kv_cache_bytes_per_token(60, 128, 128),
+      "GQA, 8 KV heads": kv_cache_bytes_per_token(60, 8, 128),
+      "MQA, 1 KV head": kv_cache_bytes_per_token(60, 1, 128),
+      "MLA, d_c = 512, d_R = 64": mla_cache_bytes_per_token(60, 512, 64)}
+for name, b in ds.items():
+    print(f"{name:26s} {b / 2**10:8.1f} KiB/token (fp16)   MHA / this = {ds['MHA, 128 heads'] / b:6.2f}")
+
+# %% [markdown]
+# The latent cache is 57 times smaller than the MHA cache, about what GQA with 2.25 key/value
+# heads would hold (exercise 3), while every query head still gets its own keys and values.
+#
+# ## 13.6 Sliding-window attention
+#
+# Longformer (Beltagy, Peters & Cohan, 2020, "Longformer: The Long-Document Transformer")
+# and Mistral 7B (Jiang et al., 2023) let each position attend only to the $W$ most
+# recent positions: query $i$ sees key $j$ when $i - W < j \le i$. The attention matrix
+# becomes a band, the work per token $O(W)$, and the cache needs only $W$ slots. Stacking
+# layers widens what a token can reach: information moves up to $W - 1$ positions per
+# layer, so after $L$ layers $L (W - 1) + 1$ positions (exercise 4; Mistral quotes about
+# 131k tokens for $W = 4096$, $L = 32$).
+
+# %%
+show_source(sliding_window_mask)
+
+# %% [markdown]
+# Mistral's **rolling buffer** stores position $p$ in slot $p \bmod W$, overwriting the
+# position $p - W$ that no query will see again. The slots are out of order, which
+# attention does not mind: the softmax-weighted sum is the same in any order (positions
+# enter through RoPE before a key is cached). We check the mask against its definition
+# and against PyTorch's fused attention with the same mask, and the rolling cache against
+# full recomputation with the window mask, for a GQA layer.
+
+# %%
+T_q, T_k, W = 9, 13, 4
+brute = torch.tensor([[0 <= (i + T_k - T_q) - j < W for j in range(T_k)] for i in range(T_q)])
+q, k, v = (torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64) for n in (T_q, T_k, T_k))
+mask = sliding_window_mask(T_q, T_k, W, offset=T_k - T_q)
+attn = MultiHeadAttention(32, 4, 2).double()
+xs = torch.randn(2, 20, 32, generator=g, dtype=torch.float64)
+with torch.no_grad():
+    rolled, recomputed = sliding_window_decode(attn, xs, W), attn(xs, mask=sliding_window_mask(20, 20, W))
+checks = Checks("sliding-window attention")
+checks.equal("mask = brute-force definition", brute.tolist(), mask.tolist())
+checks.close("attention with mask vs F.scaled_dot_product_attention",
+             F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+             scaled_dot_product_attention(q, k, v, mask=mask), tol=1e-12)
+checks.close("rolling cache of W = 4 vs recompute, T = 20", recomputed, rolled, tol=1e-12)
+checks
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(7.2, 3.4))
+for ax, (title, m) in zip(axes, [("causal", sliding_window_mask(16, 16, 16)),
+                                 ("sliding window W = 4", sliding_window_mask(16, 16, 4))],
+                          strict=True):
+    ax.imshow(m.numpy(), cmap="Blues")
+    ax.set_title(title)
+    ax.set_xlabel("key position j")
+    ax.set_ylabel("query position i")
+fig.suptitle("Which keys each query may attend to (blue)", y=1.03)
+save_figure(fig, "13_kv_cache_sliding_window")
+plt.show()
+
+# %% [markdown]
+# The left mask grows a full triangle; the right one is a band of width $W$, so both the
+# work and the cache per token stay constant however long the text.
+#
+# ## Summary
+#
+# * The KV cache changes nothing in the output (checked to round-off) and turns the cost
+#   of generating $T$ tokens from $\Theta(N T^2)$ into $\Theta(N T)$ plus attention.
+# * Its memory is $2 L B T H_{kv} d_h$ elements: gigabytes per sequence for large models
+#   at long contexts, which is why serving is memory-bound.
+# * GQA/MQA divide it by $H / H_{kv}$; MLA caches a $d_c$-dimensional latent and absorbs
+#   the up-projections into the query and output maps; sliding windows cap it at $W$.
+#
+# ## Exercises
+#
+# 1. **(easy) How many sequences fit?** Write `max_batch(budget_bytes, n_layers,
+#    n_kv_heads, d_head, seq_len, bytes_per_element)`, the largest batch whose KV cache fits
+#    in the budget. How many 8192-token sequences of Llama 3 70B fit in 40 GiB of cache in
+#    fp16? How many would with multi-head attention (64 KV heads)?
+# 2. **(medium) When does attention dominate?** In a cached step $F(T) = 2N + 4 L H d_h T$.
+#    Write `attention_crossover(config)`, the smallest $T$ at which the attention part is
+#    at least the weights' part, and check it with `flops_per_token`. Evaluate it for the
+#    book's text model and for Llama 2 7B's shape.
+# 3. **(easy) MLA as GQA.** Write `mla_equivalent_kv_heads(d_latent, d_rope, d_head)`, the
+#    number of GQA key/value heads whose cache equals MLA's. DeepSeek-V2 reports 2.25.
+# 4. **(medium) Receptive field of stacked windows.** Write `receptive_field(n_layers,
+#    window)` = $L(W-1)+1$ and `reachable_positions(n_layers, window, T)`, which composes
+#    the boolean window mask $L$ times (a boolean matrix product) and counts the positions
+#    the last token can reach. Show that both agree.
+#
+# Reference solutions: `notebooks/solutions/13_kv_cache.py`.

@@ -1,0 +1,51 @@
+"""Reference solutions to the exercises of notebooks/13_kv_cache."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from llmbook.attention_variants import sliding_window_mask
+from llmbook.model import TransformerConfig
+from llmbook.sizing import flops_per_token
+
+
+def max_batch(budget_bytes: int, n_layers: int, n_kv_heads: int, d_head: int, seq_len: int,
+              bytes_per_element: int = 2) -> int:
+    """Exercise 1: the largest B with 2 L B T H_kv d_h bytes <= budget."""
+    per_sequence = 2 * n_layers * seq_len * n_kv_heads * d_head * bytes_per_element
+    if per_sequence <= 0 or budget_bytes < 0:
+        raise ValueError(f"need positive shapes and a budget >= 0, got per-sequence "
+                         f"{per_sequence} bytes and budget {budget_bytes}")
+    return budget_bytes // per_sequence
+
+
+def attention_crossover(config: TransformerConfig) -> int:
+    """Exercise 2: the smallest T with 4 L H d_h T >= 2 N in a cached step.
+
+    2 N is the T-independent part of ``flops_per_token``: F(0) = F(T) - 4 L H d_h T.
+    """
+    per_key = 4 * config.n_layers * config.n_heads * config.d_head
+    two_n = flops_per_token(config, 1) - per_key
+    return math.ceil(two_n / per_key)
+
+
+def mla_equivalent_kv_heads(d_latent: int, d_rope: int, d_head: int) -> float:
+    """Exercise 3: H_kv with 2 H_kv d_h = d_c + d_R."""
+    return (d_latent + d_rope) / (2 * d_head)
+
+
+def receptive_field(n_layers: int, window: int) -> int:
+    """Exercise 4: positions the last token can reach through L window-W layers: L(W-1)+1."""
+    return n_layers * (window - 1) + 1
+
+
+def reachable_positions(n_layers: int, window: int, T: int) -> int:
+    """Exercise 4: compose the window mask L times (boolean matrix product); count the
+    positions reachable from the last query."""
+    mask = sliding_window_mask(T, T, window).to(torch.int64)  # (T, T)
+    reach = torch.eye(T, dtype=torch.int64)
+    for _ in range(n_layers):
+        reach = ((mask @ reach) > 0).to(torch.int64)  # one more layer of attention
+    return int(reach[-1].sum())

@@ -1,0 +1,53 @@
+"""The exercise solutions of notebooks/13_kv_cache hold."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from llmbook.model import TransformerConfig
+from llmbook.pretrained import RECIPES
+from llmbook.sizing import flops_shares
+
+PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "13_kv_cache.py"
+spec = importlib.util.spec_from_file_location("solutions_13", PATH)
+solutions = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(solutions)
+
+
+def test_max_batch() -> None:
+    gib = 2**30
+    # Llama 3 70B: 2 * 80 * 8192 * 8 * 128 * 2 bytes = 2.5 GiB per sequence -> 16 in 40 GiB
+    assert solutions.max_batch(40 * gib, 80, 8, 128, 8192) == 16
+    assert solutions.max_batch(40 * gib, 80, 64, 128, 8192) == 2  # MHA: 20 GiB each
+    assert solutions.max_batch(40 * gib - 1, 80, 8, 128, 8192) == 15
+    with pytest.raises(ValueError, match="budget"):
+        solutions.max_batch(-1, 80, 8, 128, 8192)
+
+
+@pytest.mark.parametrize("config", [
+    TransformerConfig(**RECIPES["text"]["model"]),
+    TransformerConfig.llama_style(),
+])
+def test_attention_crossover(config: TransformerConfig) -> None:
+    T = solutions.attention_crossover(config)
+    rest = lambda t: flops_shares(config, t)["total"] - flops_shares(config, t)["attention_scores"]  # noqa: E731
+    assert flops_shares(config, T)["attention_scores"] >= rest(T)
+    assert flops_shares(config, T - 1)["attention_scores"] < rest(T - 1)
+
+
+def test_attention_crossover_values() -> None:
+    # Llama 2 7B: 2N = 2 (32 * 4 * 4096^2 + 32 * 3 * 4096 * 11008 + 32000 * 4096)
+    # = 13,214,154,752; attention per key 4 * 32 * 4096 = 524,288; the ratio is exactly 25,204
+    assert solutions.attention_crossover(TransformerConfig.llama_style()) == 25_204
+
+
+def test_mla_equivalent_kv_heads() -> None:
+    assert solutions.mla_equivalent_kv_heads(512, 64, 128) == 2.25  # DeepSeek-V2's figure
+    assert solutions.mla_equivalent_kv_heads(256, 0, 128) == 1.0
+
+
+@pytest.mark.parametrize(("L", "W", "T"), [(1, 3, 20), (2, 3, 20), (3, 4, 30), (4, 2, 9), (2, 8, 10)])
+def test_receptive_field(L: int, W: int, T: int) -> None:
+    expected = min(solutions.receptive_field(L, W), T)
+    assert solutions.reachable_positions(L, W, T) == expected
