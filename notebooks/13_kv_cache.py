@@ -221,9 +221,10 @@ plt.show()
 # small next to the weight matrices at these lengths), while recomputation grows with the
 # position, as the closed form says. `benchmarks/kvcache.py` times whole generations with
 # `generate` on the book's text model and on this $d = 256$ model; its stored results
-# (measured on a shared CPU, so indicative):
+# (measured on a shared CPU, so indicative; `make bench` rewrites them, so the test suite
+# does not compare this cell's output):
 
-# %%
+# %% tags=["nbval-ignore-output"]
 bench = json.loads((Path(llmbook.__file__).resolve().parents[1] / "benchmarks" / "results"
                     / "kvcache.json").read_text())
 print(f"measured {bench['date_utc'][:10]}, {bench['machine']['threads']} thread(s)")
