@@ -7,3 +7,10 @@ os.environ.setdefault("PYTHONHASHSEED", "0")
 # tqdm.auto (imported by transformers) warns inside Jupyter when ipywidgets is absent; the
 # warning names a local path, so it would make a notebook's output depend on the machine.
 os.environ.setdefault("PYTHONWARNINGS", "ignore:IProgress not found")
+
+# Property tests draw the same examples on every run, so a test run is reproducible
+# (a failure found once is found again) and CI cannot turn red by chance.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("llmbook", derandomize=True, database=None, deadline=None)
+settings.load_profile("llmbook")

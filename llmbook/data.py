@@ -135,6 +135,18 @@ class MarkovSource:
                 break
             pi = nxt
         residual = self.stationary_residual(pi)
+        if residual > 1e-12 and self.num_contexts <= 4096:
+            # A nearly periodic chain (eigenvalue close to -1) defeats power iteration;
+            # solve pi (M - I) = 0 with sum(pi) = 1 directly for the context chain M.
+            eye = torch.eye(self.num_contexts, dtype=torch.float64)
+            step = torch.stack([self._step(row) for row in eye])  # (C, C): M[c] = e_c M
+            system = torch.cat([(step - eye).T, torch.ones(1, self.num_contexts,
+                                                             dtype=torch.float64)])
+            rhs = torch.zeros(self.num_contexts + 1, 1, dtype=torch.float64)
+            rhs[-1] = 1.0
+            pi = torch.linalg.lstsq(system, rhs).solution[:, 0].clamp_min(0.0)
+            pi = pi / pi.sum()
+            residual = self.stationary_residual(pi)
         if residual > 1e-12:
             raise RuntimeError(f"power iteration did not converge (residual {residual:.1e}); "
                                "the chain may be periodic or reducible")
