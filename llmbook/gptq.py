@@ -105,6 +105,11 @@ def _prepare(W: Tensor, H: Tensor, damp: float) -> tuple[Tensor, Tensor]:
     H[dead, dead] = 1.0
     W[:, dead] = 0.0
     H += damp * torch.diag(H).mean() * torch.eye(H.shape[0], dtype=torch.float64)
+    if torch.linalg.cholesky_ex(H).info != 0:  # H = 2 X^T X is PSD; an indefinite H is a bug
+        raise ValueError(f"H is not positive definite even after damping by "
+                         f"damp * mean(diag H) = {damp} * {float(torch.diag(H).mean()):.3g}: "
+                         "H must be 2 X^T X from calibration inputs (raise damp if X is "
+                         "nearly rank-deficient)")
     return W, H
 
 

@@ -433,6 +433,11 @@ def speculative_generate(target: nn.Module, draft: nn.Module, prompt_ids: Tensor
     gamma = _check_count("gamma", gamma, 1)
     for model in (target, draft):
         _check_fits(model, ids.shape[1] + max_new_tokens, "prompt + max_new_tokens")
+    v_target, v_draft = _probs(target, ids).shape[-1], _probs(draft, ids).shape[-1]
+    if v_target != v_draft:
+        raise ValueError(f"the draft's vocabulary (V={v_draft}) differs from the target's "
+                         f"(V={v_target}): speculative decoding compares their probabilities "
+                         "token by token, so both must share one vocabulary")
     stats = SpeculativeStats()
     T_end = ids.shape[1] + max_new_tokens
     while ids.shape[1] < T_end:

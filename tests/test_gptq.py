@@ -207,6 +207,10 @@ def test_validation():
         gptq_quantize(W, H, 4, 8, block_size=4)
     with pytest.raises(ValueError, match="damp"):
         gptq_quantize_naive(W, H, 4, damp=-1.0)
+    indefinite = torch.diag(torch.tensor([1.0, -4.0] + [1.0] * (H.shape[0] - 2)))
+    for fn in (gptq_quantize_naive, gptq_quantize):
+        with pytest.raises(ValueError, match="not positive definite even after damping"):
+            fn(W, indefinite, 4)
     with pytest.raises(ValueError, match="W must be a 2-D"):
         quantize_rtn(torch.randn(8), 4)
     with pytest.raises(ValueError, match="X must have shape"):

@@ -298,6 +298,10 @@ def test_errors() -> None:
         beam_search(model, torch.zeros(2, 2, dtype=torch.long), 2, 2)
     with pytest.raises(ValueError, match="gamma must be >= 1"):
         speculative_generate(model, model, prompt, 2, gamma=0)
+    other_vocab = TransformerLM(TransformerConfig.gpt2_style(
+        vocab_size=13, d_model=16, n_layers=1, n_heads=2, max_seq_len=8))
+    with pytest.raises(ValueError, match=r"draft's vocabulary \(V=13\) differs from the target's \(V=11\)"):
+        speculative_generate(model, other_vocab, prompt, 2, gamma=1)
     with pytest.raises(ValueError, match="p and q must have the same shape"):
         residual_distribution(torch.ones(3) / 3, torch.ones(4) / 4)
     with pytest.raises(ValueError, match="alpha must lie in"):
