@@ -24,12 +24,7 @@ from llmbook.train import evaluate, get_batch
 f64 = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def correlated_inputs(n: int, d: int, seed: int = 0) -> torch.Tensor:

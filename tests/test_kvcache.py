@@ -10,13 +10,7 @@ from llmbook.sampling import generate
 V = 37
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one thread avoids thread-pool overhead on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _configs(fused: bool) -> list[TransformerConfig]:

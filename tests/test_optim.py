@@ -48,13 +48,7 @@ def _batches(n=N_STEPS, seed=0):
     return [(w[:, :-1], w[:, 1:]) for w in windows]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Every tensor here is tiny: one thread is faster, and undisturbed by other work."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 BATCHES = _batches()

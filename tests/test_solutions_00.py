@@ -1,12 +1,9 @@
 """The preface's exercise solutions hold."""
 
-import importlib.util
-from pathlib import Path
 
-PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "00_preface.py"
-spec = importlib.util.spec_from_file_location("solutions_00", PATH)
-solutions = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(solutions)
+from solution_loader import load_solutions
+
+solutions = load_solutions("00_preface")
 
 
 def test_exercise_1_tanh_derivative():

@@ -1,20 +1,16 @@
 """The exercise solutions of notebooks/02_embeddings hold."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import sympy as sp
 import torch
 import torch.nn.functional as F
+from solution_loader import load_solutions
 
 from llmbook.embedding import embedding_parameter_count
 
-PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "02_embeddings.py"
-spec = importlib.util.spec_from_file_location("solutions_02", PATH)
-solutions = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(solutions)
+solutions = load_solutions("02_embeddings")
 
 
 def test_exercise_1_nearest_neighbours_on_clustered_table():

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import numpy as np
 import sympy as sp
 import torch
 import torch.nn.functional as F
+from solution_loader import load_solutions
 
 from llmbook.data import default_source
 from llmbook.ngram import NGramModel
 
-PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "03_language_modelling.py"
-spec = importlib.util.spec_from_file_location("solutions_03", PATH)
-solutions = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(solutions)
+solutions = load_solutions("03_language_modelling")
 
 
 def test_exercise_1_hessian_symbolic_and_autograd() -> None:

@@ -1,19 +1,15 @@
 """The exercise solutions of notebooks/04_attention hold."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import sympy as sp
 import torch
+from solution_loader import load_solutions
 
 from llmbook.attention import MultiHeadAttention, causal_mask
 
-PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "04_attention.py"
-spec = importlib.util.spec_from_file_location("solutions_04", PATH)
-solutions = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(solutions)
+solutions = load_solutions("04_attention")
 
 
 def test_exercise_1_padding_mask_equals_separate_runs():

@@ -1,12 +1,11 @@
 """The exercise solutions of notebooks/05_positions hold."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import sympy as sp
 import torch
+from solution_loader import load_solutions
 
 from llmbook.positional import (
     RotaryEmbedding,
@@ -15,10 +14,7 @@ from llmbook.positional import (
     sinusoidal_shift_matrix,
 )
 
-PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "05_positions.py"
-spec = importlib.util.spec_from_file_location("solutions_05", PATH)
-solutions = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(solutions)
+solutions = load_solutions("05_positions")
 
 
 def test_exercise_1_sinusoidal_dot_depends_only_on_offset():

@@ -1,18 +1,14 @@
 """The exercise solutions of notebooks/06_norms_ffn hold."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import sympy as sp
 import torch
+from solution_loader import load_solutions
 
 from llmbook.layers import layer_norm_jacobian
 
-PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "06_norms_ffn.py"
-spec = importlib.util.spec_from_file_location("solutions_06", PATH)
-solutions = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(solutions)
+solutions = load_solutions("06_norms_ffn")
 
 
 def test_exercise_1_layer_norm_via_rms_norm():

@@ -1,20 +1,16 @@
 """The exercise solutions of notebooks/07_decoder hold."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
+from solution_loader import load_solutions
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from llmbook.hf_loading import randomize_parameters_
 from llmbook.model import TransformerConfig, TransformerLM
 from llmbook.sizing import count_parameters, flops_per_token, flops_shares
 
-PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "07_decoder.py"
-spec = importlib.util.spec_from_file_location("solutions_07", PATH)
-solutions = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(solutions)
+solutions = load_solutions("07_decoder")
 
 
 def test_exercise_1_width_for_budget():

@@ -1,21 +1,17 @@
 """The exercise solutions of notebooks/08_backpropagation hold."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import sympy as sp
 import torch
+from solution_loader import load_solutions
 
 from llmbook.autograd import MLP, Value, mse_loss
 from llmbook.layers import RMSNorm
 
-PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "08_backpropagation.py"
-spec = importlib.util.spec_from_file_location("solutions_08", PATH)
-solutions = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(solutions)
+solutions = load_solutions("08_backpropagation")
 
 F64 = torch.float64
 

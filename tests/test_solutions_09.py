@@ -1,14 +1,13 @@
 """The exercise solutions of notebooks/09_optimisers hold."""
 
 import copy
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import sympy as sp
 import torch
 import torch.nn.functional as F
+from solution_loader import load_solutions
 from torch import nn
 
 from llmbook.data import default_source
@@ -16,19 +15,10 @@ from llmbook.embedding import TokenEmbedding
 from llmbook.layers import MLP
 from llmbook.optim import SGD, Adam, AdamW, cosine_schedule, set_lr
 
-PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "09_optimisers.py"
-spec = importlib.util.spec_from_file_location("solutions_09", PATH)
-solutions = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(solutions)
+solutions = load_solutions("09_optimisers")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Every tensor here is tiny: one thread is faster, and undisturbed by other work."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_exercise_1_momentum_displacement():

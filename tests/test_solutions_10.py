@@ -1,12 +1,11 @@
 """The exercise solutions of notebooks/10_training hold."""
 
 import copy
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from solution_loader import load_solutions
 
 from llmbook.data import MarkovSource, default_source
 from llmbook.model import TransformerConfig, TransformerLM
@@ -14,18 +13,10 @@ from llmbook.optim import AdamW
 from llmbook.pretrained import RECIPES, book_model
 from llmbook.train import get_batch, param_groups, train_step
 
-PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "10_training.py"
-spec = importlib.util.spec_from_file_location("solutions_10", PATH)
-solutions = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(solutions)
+solutions = load_solutions("10_training")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_tokens_and_epochs():

@@ -1,12 +1,11 @@
 """The exercise solutions of notebooks/11_scaling_laws hold."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import sympy as sp
+from solution_loader import load_solutions
 
 from llmbook.scaling import (
     CHINCHILLA_CONSTANTS,
@@ -18,10 +17,7 @@ from llmbook.scaling import (
     training_flops,
 )
 
-PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "11_scaling_laws.py"
-spec = importlib.util.spec_from_file_location("solutions_11", PATH)
-solutions = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(solutions)
+solutions = load_solutions("11_scaling_laws")
 
 
 @pytest.mark.parametrize("name", sorted(CHINCHILLA_CONSTANTS))

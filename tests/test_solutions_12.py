@@ -1,18 +1,14 @@
 """The exercise solutions of notebooks/12_decoding hold."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from solution_loader import load_solutions
 
 from llmbook.sampling import top_p_filter
 
-PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "12_decoding.py"
-spec = importlib.util.spec_from_file_location("solutions_12", PATH)
-solutions = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(solutions)
+solutions = load_solutions("12_decoding")
 
 Z = torch.tensor([-0.336, 0.261, 0.260, -0.004, 0.341], dtype=torch.float64)
 

@@ -1,18 +1,14 @@
 """The exercise solutions of notebooks/13_kv_cache hold."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
+from solution_loader import load_solutions
 
 from llmbook.model import TransformerConfig
 from llmbook.pretrained import RECIPES
 from llmbook.sizing import flops_shares
 
-PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "13_kv_cache.py"
-spec = importlib.util.spec_from_file_location("solutions_13", PATH)
-solutions = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(solutions)
+solutions = load_solutions("13_kv_cache")
 
 
 def test_max_batch() -> None:

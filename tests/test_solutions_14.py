@@ -1,19 +1,15 @@
 """The exercise solutions of notebooks/14_flash_attention hold."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from solution_loader import load_solutions
 
 from llmbook.flash import attention_hbm_accesses
 
-PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "14_flash_attention.py"
-spec = importlib.util.spec_from_file_location("solutions_14", PATH)
-solutions = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(solutions)
+solutions = load_solutions("14_flash_attention")
 
 F64 = torch.float64
 

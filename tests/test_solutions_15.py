@@ -1,28 +1,19 @@
 """The exercise solutions of notebooks/15_quantisation hold."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import sympy as sp
 import torch
+from solution_loader import load_solutions
 
 from llmbook.gptq import gptq_quantize, hessian_from_inputs, layer_output_error
 
-PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "15_quantisation.py"
-spec = importlib.util.spec_from_file_location("solutions_15", PATH)
-solutions = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(solutions)
+solutions = load_solutions("15_quantisation")
 
 f64 = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_exercise_1_sqnr():

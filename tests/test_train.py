@@ -25,13 +25,7 @@ from llmbook.train import (
 V, T = 16, 12
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Everything here is tiny: one thread is faster, and the same arithmetic every run."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
