@@ -9,7 +9,8 @@ export PYTHONHASHSEED := 0
 # the text fallback is what the book wants, and the warning would print a local path.
 export PYTHONWARNINGS := ignore:IProgress not found
 
-.PHONY: setup book lab test lint check-notebooks unit nbval sync bench clean
+.PHONY: setup book lab test lint check-notebooks unit nbval nbval-native nbval-second-cpu \
+	sync bench models models-check clean
 
 ## setup: create .venv (idempotent): torch==2.13.0 first, then llmbook with its dev extras
 setup: $(VENV)/.installed
@@ -29,8 +30,15 @@ book: setup
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/
 
-## test: lint, notebook-pair checks, unit tests, strict nbval over every notebook
-test: setup lint check-notebooks unit nbval
+## test: lint, notebook-pair checks, unit tests, strict nbval over every notebook (natively and
+## under a second CPU setting), and a check that the run left the checkout as it found it
+test: setup
+	@before=$$(git status --porcelain 2>/dev/null); \
+	$(MAKE) --no-print-directory lint check-notebooks unit nbval || exit 1; \
+	after=$$(git status --porcelain 2>/dev/null); \
+	if [ "$$before" != "$$after" ]; then \
+		echo "make test changed the checkout (git status --porcelain):"; echo "$$after"; exit 1; \
+	fi; echo "make test: all passed; the checkout is as it was"
 
 lint: setup
 	$(VENV)/bin/ruff check llmbook tests benchmarks tools notebooks data
@@ -41,13 +49,32 @@ check-notebooks: setup
 unit: setup
 	$(PY) -m pytest tests -q -n 2
 
-nbval: setup
-	$(PY) -m pytest -q -n 2 --dist loadfile --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg \
-		--nbval-current-env notebooks/[0-9][0-9]_*.ipynb
+NBVAL := $(PY) -m pytest -q -n 2 --dist loadfile --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg \
+	--nbval-current-env notebooks/[0-9][0-9]_*.ipynb
+
+## nbval: every notebook re-executed and compared with its committed outputs, twice: with this
+## CPU's own kernels, then with PyTorch's plain kernels and MKL's portable matmul, which change
+## float results bit for bit as another CPU would (tools/cpu_settings.py shows which ops change)
+nbval: nbval-native nbval-second-cpu
+
+nbval-native: setup
+	$(NBVAL)
+
+nbval-second-cpu: setup
+	$(PY) tools/cpu_settings.py
+	ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE $(NBVAL)
 
 ## sync: pair every notebooks/*.py with its .ipynb and re-execute it in place (the committed outputs)
 sync: setup
 	$(PY) tools/sync_notebooks.py $(NB)
+
+## models: retrain the book's shipped models from their recipes and rewrite data/models/
+models: setup
+	$(PY) -m llmbook.pretrained
+
+## models-check: retrain both models in memory and check they reach the shipped validation loss
+models-check: setup
+	LLMBOOK_RETRAIN_TEXT=1 $(PY) -m pytest -q tests/test_pretrained.py -k retraining
 
 ## bench: run the benchmarks; results go to benchmarks/results/*.json
 bench: setup

@@ -63,22 +63,27 @@ def show_source(obj: Any) -> SourceCode:
 
 
 def format_number(x: Any, digits: int = 4) -> str:
-    """Format a number (or a short sequence of numbers) compactly and deterministically.
+    """Format a number (or a sequence of numbers) compactly and deterministically.
 
-    Integers print exactly; floats with ``digits`` significant digits; sequences as
-    ``[a, b, ...]`` (a long one as its first three and its length).
+    Integers print exactly; floats with ``digits`` significant digits; a sequence of up
+    to four numbers as ``[a, b, c, d]``. A longer one prints as its shape,
+    ``shape (2, 37, 16)`` for an array or tensor and ``[1184 values]`` for a list: its
+    first few float entries, shown to four digits, would change with the CPU whenever
+    one of them lies near a rounding boundary, and the table must read the same on
+    every machine (the error column says how close the two sides are).
     """
     if isinstance(x, bool | np.bool_):
         return str(bool(x))
+    shape = None
     if hasattr(x, "detach"):  # torch tensor
         x = x.detach().cpu().numpy()
     if isinstance(x, np.ndarray):
+        shape = x.shape
         x = x.item() if x.ndim == 0 else x.ravel().tolist()
     if isinstance(x, list | tuple):
         if len(x) <= 4:
             return "[" + ", ".join(format_number(v, digits) for v in x) + "]"
-        shown = ", ".join(format_number(v, digits) for v in x[:3])
-        return f"[{shown}, … ({len(x)} values)]"
+        return f"shape {shape}" if shape is not None and len(shape) > 1 else f"[{len(x)} values]"
     if isinstance(x, int | np.integer):
         return str(int(x))
     if isinstance(x, float | np.floating):
@@ -92,20 +97,34 @@ def format_number(x: Any, digits: int = 4) -> str:
 
 
 def _format_error(err: float | None) -> str:
+    """One significant digit. Below 1e-15 (float64 round-off at unit scale), zero included,
+    the error is shown as ``<1e-15``: whether a sum comes out exactly equal or one ulp away
+    depends on the CPU's kernels, and the table should read the same on every machine."""
     if err is None:
         return "-"
-    if err == 0.0:
-        return "0"
-    # One significant digit; anything at the level of float64 round-off is shown as such
-    # so that a table stays identical when round-off changes in its last bit.
     if err < 1e-15:
         return "<1e-15"
     return f"{err:.0e}"
 
 
+def _as_float_array(x: Any) -> np.ndarray:
+    return np.asarray(x.detach().cpu() if hasattr(x, "detach") else x, dtype=float)
+
+
+def _snap_roundoff(x: Any, floor: float) -> Any:
+    """``x`` as floats with every entry of magnitude at most ``floor`` set to 0 (for display).
+
+    A value that should be 0 comes out as 0 on one CPU and as -3e-08 on another; shown
+    with four digits, the two would print differently though both pass the check."""
+    raw = np.asarray(x.detach().cpu() if hasattr(x, "detach") else x)
+    if not np.issubdtype(raw.dtype, np.floating):
+        return x  # integers (and anything else) are shown as they are
+    a = raw.astype(float)
+    return np.where(np.abs(a) <= floor, 0.0, a) if a.ndim else (0.0 if abs(a) <= floor else float(a))
+
+
 def _max_abs_error(expected: Any, got: Any) -> float:
-    a = np.asarray(expected.detach().cpu() if hasattr(expected, "detach") else expected, dtype=float)
-    b = np.asarray(got.detach().cpu() if hasattr(got, "detach") else got, dtype=float)
+    a, b = _as_float_array(expected), _as_float_array(got)
     if a.shape != b.shape:
         raise ValueError(f"Checks: expected has shape {a.shape} but got has shape {b.shape}")
     if a.size == 0:
@@ -127,40 +146,55 @@ class Checks:
 
     ``close`` compares numerically (max absolute error against ``tol``), ``equal``
     compares exactly, ``true`` records a condition that must hold.
+
+    A failed check raises ``AssertionError`` at once, from the line that recorded it
+    (``strict=True``, the default), so a chapter run as a plain script
+    (``python notebooks/NN_slug.py``) stops with a non-zero exit at the first failure,
+    not only when IPython displays the table. ``strict=False`` records failures and
+    leaves the raising to :meth:`assert_all` (and to the notebook display).
     """
 
     title: str = "checks"
     rows: list[tuple[str, str, str, str, bool]] = field(default_factory=list)
+    strict: bool = True
+
+    def _record(self, row: tuple[str, str, str, str, bool]) -> bool:
+        self.rows.append(row)
+        if self.strict and not row[-1]:
+            raise AssertionError(f"{self.title}: check failed: {row[0]!r} "
+                                 f"(expected {row[1]}, got {row[2]}, error {row[3]})\n"
+                                 f"{self.table()}")
+        return row[-1]
 
     def close(self, what: str, expected: Any, got: Any, tol: float = 1e-6, rel: bool = False,
               digits: int = 4) -> float:
         """Record that ``got`` equals ``expected`` to within ``tol`` (absolute, or relative
-        to ``max|expected|`` when ``rel``); return the error."""
+        to ``max|expected|`` when ``rel``); return the error.
+
+        The values are shown with ``digits`` significant digits, and entries within
+        round-off of zero (magnitude at most ``min(tol, 1e-6)``, in absolute terms) as 0,
+        so that the row reads the same on every CPU."""
         err = _max_abs_error(expected, got)
+        scale = 1.0
         if rel:
-            scale = float(np.max(np.abs(np.asarray(
-                expected.detach().cpu() if hasattr(expected, "detach") else expected, dtype=float))))
+            scale = float(np.max(np.abs(_as_float_array(expected)), initial=0.0))
             err = err / scale if scale > 0 else err
         ok = bool(err <= tol) and not math.isnan(err)
-        self.rows.append((what, format_number(expected, digits), format_number(got, digits),
-                          _format_error(err), ok))
+        floor = min(tol * (scale if rel and scale > 0 else 1.0), 1e-6)
+        self._record((what, format_number(_snap_roundoff(expected, floor), digits),
+                      format_number(_snap_roundoff(got, floor), digits), _format_error(err), ok))
         return err
 
     def equal(self, what: str, expected: Any, got: Any) -> bool:
         """Record that ``got == expected`` exactly (any comparable Python values)."""
-        if hasattr(expected, "tolist"):
-            expected = expected.tolist()
-        if hasattr(got, "tolist"):
-            got = got.tolist()
-        ok = bool(expected == got)
-        self.rows.append((what, format_number(expected), format_number(got), "-", ok))
-        return ok
+        a = expected.tolist() if hasattr(expected, "tolist") else expected
+        b = got.tolist() if hasattr(got, "tolist") else got
+        return self._record((what, format_number(expected), format_number(got), "-", bool(a == b)))
 
     def true(self, what: str, condition: bool, got: Any = "") -> bool:
         """Record a condition that must hold, with an optional value to show."""
         ok = bool(condition)
-        self.rows.append((what, "True", format_number(got) if got != "" else str(ok), "-", ok))
-        return ok
+        return self._record((what, "True", format_number(got) if got != "" else str(ok), "-", ok))
 
     @property
     def passed(self) -> bool:
@@ -168,10 +202,13 @@ class Checks:
 
     def table(self) -> str:
         """The checks as a fixed-width text table."""
-        header = ("check", "expected", "got", "error", "pass")
-        body = [(w, e, g, err, "yes" if ok else "NO") for w, e, g, err, ok in self.rows]
+        # the error goes last: it is the one column whose width depends on round-off
+        # ("<1e-15" or "3e-08"), and nothing is padded after the last column
+        header = ("check", "expected", "got", "pass", "error")
+        body = [(w, e, g, "yes" if ok else "NO", err) for w, e, g, err, ok in self.rows]
         widths = [max(len(r[i]) for r in [header, *body]) for i in range(5)]
         widths = [min(w, 48) for w in widths]
+        widths[4] = 6  # errors print in at most 6 characters: the rule below stays put
 
         def line(r: tuple[str, ...]) -> str:
             cells = [(c if len(c) <= widths[i] else c[: widths[i] - 1] + "…").ljust(widths[i])

@@ -1,31 +1,48 @@
-"""The book's own small trained models, trained once on the CPU and cached on disk.
+"""The book's own small trained models, shipped as weights in the repository.
 
-Introduced in notebooks/10_training; the later chapters (decoding, quantisation, LoRA,
-alignment) start from these models instead of downloading one. Two recipes:
+Introduced in notebooks/10_training; the later chapters (decoding, the KV cache,
+quantisation, alignment) start from these models instead of downloading one. Two
+recipes (:data:`RECIPES`):
 
 * ``book_model("synthetic")``: a 2-layer GPT-2-style model (d = 64, 4 heads, the exact
-  erf GELU, which is cheaper on the CPU than GPT-2's tanh form; 0.1M parameters) trained on the synthetic Markov source of chapter 3
+  erf GELU; 0.1M parameters) trained on the synthetic Markov source of chapter 3
   (:func:`llmbook.data.default_source`, V = 16, entropy rate H = 1.6184 nats/token).
   Its validation loss on predictions with the full order-2 context comes within 3 % of
   H: the model has learned the source, up to what a finite sample can teach;
-* ``book_model("text")``: a model of the same shape with a 512-token byte-level BPE
-  vocabulary (chapter 1's tokenizer) trained for a few seconds on the Python standard
-  library's docstrings (:mod:`llmbook.corpus`); ``info["tokenizer"]`` decodes it.
+* ``book_model("text")``: a 4-layer GPT-2-style model (d = 192, 6 heads, context 128;
+  2M parameters) over a 1024-token byte-level BPE vocabulary (chapter 1's tokenizer),
+  trained on the Python standard library's docstrings (:mod:`llmbook.corpus`);
+  ``info["tokenizer"]`` encodes and decodes its text.
 
-Training is deterministic (fixed seeds; the same weights bit for bit on re-training on
-the same machine, on one thread or two) and takes under half a minute on an idle 2-core
-machine. The result is cached under :func:`cache_dir` in a file named by a hash of the
-recipe, so changing the recipe trains a new model. :func:`sample_text` draws a continuation of a prompt.
+Why ship weights instead of training on first use: training arithmetic is not the same
+on every CPU (vector width, BLAS kernels and thread count change the order of float
+sums), and a difference in the last bit of one step grows over hundreds of steps into a
+different model. Loading the same file gives every reader the same model, so every
+output downstream of it is the same. The files live in ``data/models/<kind>/``:
+
+* ``model.safetensors``: the weights (float32, safetensors: a format that holds tensors
+  and nothing else, so opening it cannot run code);
+* ``info.json``: the recipe and its hash, the training history, the validation loss,
+  and how, where and when the file was made;
+* ``encoder.json`` + ``vocab.bpe`` (text model): the tokenizer in GPT-2's file format.
+
+Training from the recipe stays one command away: ``make models`` (which runs
+``python -m llmbook.pretrained``) retrains both and rewrites the files, and
+``book_model(kind, retrain=True)`` trains one in memory. :func:`sample_text` draws a
+continuation of a prompt.
 """
 
 from __future__ import annotations
 
-import contextlib
+import argparse
+import datetime
 import hashlib
 import json
+import math
 import os
+import platform
+import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +50,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from llmbook.checkpoint import FORMAT, atomic_save, check_state_dict, read_checkpoint
 from llmbook.data import default_source
 from llmbook.model import TransformerConfig, TransformerLM
 from llmbook.train import TrainConfig, evaluate, train
 
-__all__ = ["RECIPES", "book_model", "cache_dir", "generate", "recipe_hash", "sample_text"]
+__all__ = ["RECIPES", "book_model", "generate", "models_dir", "recipe_hash", "sample_text",
+           "write_book_model"]
 
 #: Bumped when the training code changes in a way the recipe dicts do not show.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 RECIPES: dict[str, dict[str, Any]] = {
     "synthetic": {
@@ -59,34 +76,29 @@ RECIPES: dict[str, dict[str, Any]] = {
     },
     "text": {
         "model": TransformerConfig.gpt2_style(
-            vocab_size=512, d_model=64, n_layers=2, n_heads=4, max_seq_len=64,
+            vocab_size=1024, d_model=192, n_layers=4, n_heads=6, max_seq_len=128,
             activation="gelu").to_dict(),
         "train": TrainConfig(
-            steps=250, batch_size=32, context_length=64, lr=1e-2, min_lr=1e-3,
-            warmup_steps=15, weight_decay=0.1, betas=(0.9, 0.95), grad_clip=1.0,
-            eval_every=25, eval_batches=4, seed=0).to_dict(),
-        "data": {"corpus": "stdlib_docs", "bpe_vocab_size": 512, "val_fraction": 0.1},
+            steps=1000, batch_size=32, context_length=128, lr=3e-3, min_lr=3e-4,
+            warmup_steps=50, weight_decay=0.1, betas=(0.9, 0.95), grad_clip=1.0,
+            eval_every=100, eval_batches=8, seed=0).to_dict(),
+        "data": {"corpus": "stdlib_docs", "bpe_vocab_size": 1024, "val_fraction": 0.1},
         "init_seed": 0,
         "final_eval": {"batch_size": 64, "num_batches": 20},
     },
 }
 
+#: What ``make models`` runs; recorded in each ``info.json``.
+COMMAND = "make models  (= python -m llmbook.pretrained)"
 
-def cache_dir() -> Path:
-    """Where trained models are cached (created if needed).
 
-    ``LLMBOOK_CACHE`` if set; else ``.cache/llmbook`` in the source checkout (beside
-    ``notebooks/``; git ignores it); else ``~/.cache/llmbook``.
+def models_dir() -> Path:
+    """``data/models`` in the source checkout, where the shipped weights live.
+
+    ``LLMBOOK_MODELS`` overrides it (``make models`` into another folder, or tests).
     """
-    env = os.environ.get("LLMBOOK_CACHE")
-    if env:
-        path = Path(env)
-    else:
-        root = Path(__file__).resolve().parents[1]
-        path = root / ".cache" / "llmbook" if (root / "notebooks").is_dir() \
-            else Path.home() / ".cache" / "llmbook"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    env = os.environ.get("LLMBOOK_MODELS")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "data" / "models"
 
 
 def recipe_hash(kind: str) -> str:
@@ -95,51 +107,54 @@ def recipe_hash(kind: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-@contextlib.contextmanager
-def _training_threads() -> Iterator[None]:
-    """Train on two threads when the machine is idle, else on one.
-
-    For models this small the arithmetic is the same on one thread or two (the cached
-    weights are bit for bit equal either way), so the choice only affects speed: two
-    threads are about a fifth faster on an idle 2-core machine, and several times slower
-    when other work already keeps the cores busy.
-    """
-    threads = torch.get_num_threads()
-    try:
-        idle = os.getloadavg()[0] < 0.75 * (os.cpu_count() or 1)
-    except (AttributeError, OSError):  # no load average on this platform
-        idle = False
-    torch.set_num_threads(min(2, threads) if idle else 1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+def _check_kind(kind: object) -> str:
+    if kind not in RECIPES:
+        raise ValueError(f"kind must be one of {sorted(RECIPES)}, got {kind!r}")
+    return str(kind)
 
 
-def _synthetic_data(recipe: dict[str, Any]) -> tuple[Tensor, Tensor, dict[str, Any]]:
+# ---------------------------------------------------------------- training from the recipe
+
+
+def _synthetic_data(recipe: dict[str, Any]) -> tuple[Tensor, Tensor, dict[str, Any], Any]:
     d = recipe["data"]
     source = default_source()
     tr, va = source.train_val(d["num_train"], d["num_val"], seed=d["seed"])
-    return tr, va, {"entropy_rate": source.entropy_rate(), "order": source.order}
+    return tr, va, {"entropy_rate": source.entropy_rate(), "order": source.order}, None
 
 
-def _text_data(recipe: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+def _text_data(recipe: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, dict[str, Any], Any]:
     from llmbook.corpus import load_stdlib_docs
     from llmbook.tokenizer import BPETokenizer, train_bpe
 
     d = recipe["data"]
     text = load_stdlib_docs()
-    vocab, merges = train_bpe(text, d["bpe_vocab_size"])
-    ids = np.asarray(BPETokenizer(vocab, merges).encode(text), dtype=np.uint16)  # (N,)
+    tokenizer = BPETokenizer(*train_bpe(text, d["bpe_vocab_size"]))
+    ids = np.asarray(tokenizer.encode(text), dtype=np.uint16)  # (N,)
     n_train = int(len(ids) * (1 - d["val_fraction"]))
-    extra = {"vocab": {i: list(b) for i, b in vocab.items()},
-             "merges": [[list(a), list(b)] for a, b in merges]}
-    return ids[:n_train], ids[n_train:], extra
+    val_bytes = len(tokenizer.decode(ids[n_train:].tolist()).encode("utf-8"))
+    return ids[:n_train], ids[n_train:], {"val_bytes": val_bytes}, tokenizer
 
 
-def _train_book_model(kind: str) -> tuple[TransformerLM, dict[str, Any]]:
+def _machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__}
+
+
+def _train_book_model(kind: str) -> tuple[TransformerLM, dict[str, Any], Any]:
+    """Train ``kind`` from its recipe; return (model in eval mode, info, tokenizer or None)."""
     recipe = RECIPES[kind]
-    tr, va, extra = (_synthetic_data if kind == "synthetic" else _text_data)(recipe)
+    tr, va, extra, tokenizer = (_synthetic_data if kind == "synthetic" else _text_data)(recipe)
     config = TrainConfig(**{**recipe["train"], "betas": tuple(recipe["train"]["betas"])})
     model = TransformerLM(TransformerConfig(**recipe["model"]),
                           generator=torch.Generator().manual_seed(recipe["init_seed"]))
@@ -158,83 +173,89 @@ def _train_book_model(kind: str) -> tuple[TransformerLM, dict[str, Any]]:
     }
     if kind == "synthetic":
         info["val_loss_over_entropy_rate"] = val_loss / extra["entropy_rate"]
-    return model, info
+    else:  # nats/token -> bits/byte: times tokens per byte of the held-out text, over ln 2
+        info["val_bits_per_byte"] = val_loss * len(va) / extra["val_bytes"] / math.log(2)
+    return model.eval(), info, tokenizer
+
+
+def write_book_model(kind: str, directory: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Train ``kind`` from its recipe and write its files to ``directory/<kind>/``.
+
+    ``directory`` defaults to :func:`models_dir`. Writes ``model.safetensors``,
+    ``info.json`` (with the command, machine and date that made it) and, for the text
+    model, the tokenizer as ``encoder.json`` + ``vocab.bpe``. Returns the info dict.
+    """
+    from safetensors.torch import save_model
+
+    kind = _check_kind(kind)
+    model, info, tokenizer = _train_book_model(kind)
+    info["made"] = {"command": COMMAND, "date": datetime.date.today().isoformat(),
+                    **_machine()}
+    folder = Path(directory or models_dir()) / kind
+    folder.mkdir(parents=True, exist_ok=True)
+    save_model(model, str(folder / "model.safetensors"), metadata={"recipe_hash": info["recipe_hash"]})
+    if tokenizer is not None:
+        from llmbook.tokenizer import write_gpt2_files
+
+        write_gpt2_files(folder, tokenizer.vocab, tokenizer.merges)
+    (folder / "info.json").write_text(json.dumps(info, indent=1) + "\n")
+    return info
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _load_tokenizer(folder: Path) -> Any:
+    from llmbook.tokenizer import BPETokenizer, read_gpt2_files
+
+    vocab, merges, _ = read_gpt2_files(folder / "encoder.json", folder / "vocab.bpe")
+    return BPETokenizer(vocab, merges)
 
 
 def book_model(kind: str = "synthetic", retrain: bool = False) -> tuple[TransformerLM, dict[str, Any]]:
     """The book's trained model of ``kind`` ("synthetic" or "text") and a dict about it.
 
-    Loads ``cache_dir()/book_model_<kind>_<recipe hash>.pt`` if it exists (safely, with
-    ``weights_only=True``), else trains the model (deterministically, on one thread)
-    and writes that file atomically; ``retrain=True`` trains even when cached. The
-    model is returned in eval mode. ``info`` holds ``val_loss`` (nats/token, on
-    held-out data; for "synthetic" only the predictions that see the source's full
-    order-2 context, so it is comparable with ``entropy_rate``), ``history`` (a
-    :class:`~llmbook.train.TrainHistory` as a dict), ``train_seconds``, ``recipe`` and,
-    for "text", ``tokenizer`` (a :class:`~llmbook.tokenizer.BPETokenizer`).
+    Loads the shipped weights from ``models_dir()/<kind>/`` (no training; the same model
+    on every machine). ``retrain=True`` trains the model from :data:`RECIPES` instead,
+    in memory (about 20 s for "synthetic", about 20 min for "text" on 2 CPU cores); its
+    weights are close to the shipped ones in quality but not equal bit for bit unless
+    the machine is the one that made them. The model is returned in eval mode.
+
+    ``info`` holds ``val_loss`` (nats/token on held-out data; for "synthetic" only the
+    predictions that see the source's full order-2 context, so it is comparable with
+    ``entropy_rate``), ``history`` (a :class:`~llmbook.train.TrainHistory` as a dict),
+    ``recipe``, ``made`` (command, machine and date of the shipped file), ``trained_now``
+    and, for "text", ``val_bits_per_byte`` and ``tokenizer`` (a
+    :class:`~llmbook.tokenizer.BPETokenizer`).
+
+    A ``ValueError`` says so if the shipped files are missing or were made from another
+    recipe than the one in :data:`RECIPES` (then ``make models`` rewrites them).
     """
-    if kind not in RECIPES:
-        raise ValueError(f"kind must be one of {sorted(RECIPES)}, got {kind!r}")
-    path = cache_dir() / f"book_model_{kind}_{recipe_hash(kind)}.pt"
+    kind = _check_kind(kind)
+    if retrain:
+        model, info, tokenizer = _train_book_model(kind)
+        info["trained_now"] = True
+        if tokenizer is not None:
+            info["tokenizer"] = tokenizer
+        return model, info
+    from safetensors.torch import load_model
+
+    folder = models_dir() / kind
+    info_path, weights = folder / "info.json", folder / "model.safetensors"
+    if not (info_path.is_file() and weights.is_file()):
+        raise ValueError(f"the shipped {kind!r} model is missing from {folder}; "
+                         f"`make models` trains and writes it")
+    info = json.loads(info_path.read_text())
+    if info.get("recipe_hash") != recipe_hash(kind):
+        raise ValueError(f"the shipped {kind!r} model in {folder} was made from recipe "
+                         f"{info.get('recipe_hash')}, but RECIPES[{kind!r}] is now "
+                         f"{recipe_hash(kind)}; `make models` retrains and rewrites it")
     model = TransformerLM(TransformerConfig(**RECIPES[kind]["model"]))
-    info = None if retrain else _load_cached(path, model)
-    if info is None:
-        with _exclusive(path.with_name(path.name + ".lock")):
-            # another process may have trained it while we waited for the lock
-            info = None if retrain else _load_cached(path, model)
-            if info is None:
-                with _training_threads():
-                    model, info = _train_book_model(kind)
-                atomic_save({"format": FORMAT, "step": len(info["history"]["steps"]),
-                             "model": model.state_dict(), "optimizer": None, "extra": info},
-                            path)
-                info["trained_now"] = True
-    if kind == "text":
-        from llmbook.tokenizer import BPETokenizer
-
-        info["tokenizer"] = BPETokenizer({int(i): bytes(b) for i, b in info["vocab"].items()},
-                                         [(bytes(a), bytes(b)) for a, b in info["merges"]])
-    info["cache_path"] = str(path)
-    return model.eval(), info
-
-
-def _load_cached(path: Path, model: TransformerLM) -> dict[str, Any] | None:
-    """Load a cached model into ``model``; None if there is no usable file.
-
-    A damaged file (truncated, corrupt, or of another shape) is deleted and reported as
-    missing, so it is retrained rather than trusted.
-    """
-    if not path.is_file():
-        return None
-    try:
-        payload = read_checkpoint(path)
-        check_state_dict(model, payload["model"], source=f"cached model {path}")
-    except ValueError:
-        path.unlink(missing_ok=True)
-        return None
-    model.load_state_dict(payload["model"])
-    info = payload["extra"]
+    load_model(model, str(weights), strict=True)
     info["trained_now"] = False
-    return info
-
-
-@contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``lock_path`` (POSIX ``flock``), so that processes
-    started together (parallel tests, notebooks) train a missing model once, not once
-    each. Without ``fcntl`` (Windows) it does nothing: the atomic write still keeps the
-    cache consistent, at the cost of duplicate work."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(lock_path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    if kind == "text":
+        info["tokenizer"] = _load_tokenizer(folder)
+    return model.eval(), info
 
 
 # ---------------------------------------------------------------- sampling
@@ -282,3 +303,22 @@ def sample_text(model: TransformerLM, tokenizer: Any, prompt: str, max_new_token
         raise ValueError("prompt must encode to at least one token")
     out = generate(model, ids, max_new_tokens, temperature, top_k, generator)
     return tokenizer.decode(out[0].tolist())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``make models``: retrain the book's models from their recipes and rewrite their files."""
+    parser = argparse.ArgumentParser(prog="python -m llmbook.pretrained", description=main.__doc__)
+    parser.add_argument("kinds", nargs="*", default=sorted(RECIPES), help="which models")
+    parser.add_argument("--out", default=None, help="folder to write to (default: data/models)")
+    args = parser.parse_args(argv)
+    for kind in args.kinds:
+        info = write_book_model(kind, args.out)
+        extra = (f", {info['val_bits_per_byte']:.3f} bits/byte" if "val_bits_per_byte" in info
+                 else f", {info['val_loss_over_entropy_rate']:.4f} H")
+        print(f"{kind}: val loss {info['val_loss']:.4f} nats/token{extra}; trained in "
+              f"{info['train_seconds']:.0f} s; written to {Path(args.out or models_dir()) / kind}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

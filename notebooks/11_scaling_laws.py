@@ -302,9 +302,12 @@ for d_, L_ in sweep:
                    first_position=2)  # the same windows for every model
     shares = parameter_shares(c)
     results.append((d_, L_, shares["total"] - shares["embeddings"], shares["total"], val))
+# Losses to two decimals: that is their precision (another seed moves them by up to
+# 0.05), and it is what reads the same on every CPU (training in float32 amplifies a
+# last-bit difference in one kernel to about 1e-4 over 300 steps).
 print(f"{'d':>3s}{'L':>3s}{'non-emb N':>11s}{'total N':>9s}{'val loss':>10s}{'L - H':>8s}")
 for d_, L_, n_ne, n_tot, val in results:
-    print(f"{d_:3d}{L_:3d}{n_ne:11,d}{n_tot:9,d}{val:10.4f}{val - H_rate:8.4f}")
+    print(f"{d_:3d}{L_:3d}{n_ne:11,d}{n_tot:9,d}{val:10.2f}{val - H_rate:8.2f}")
 
 # %% [markdown]
 # Now the fit: the reducible loss against the non-embedding parameter count, a straight
@@ -314,9 +317,14 @@ for d_, L_, n_ne, n_tot, val in results:
 N_sweep = np.array([r[2] for r in results], dtype=float)
 reducible = np.array([r[4] for r in results]) - H_rate
 sweep_fit = fit_power_law(N_sweep, reducible)
-print(f"L - H = {sweep_fit.a:.3f} N^(-{sweep_fit.alpha:.3f}),  R^2 (log space) = "
-      f"{sweep_fit.r_squared:.3f},  largest |log residual| = "
-      f"{np.max(np.abs(sweep_fit.residuals)):.3f}")
+print(f"L - H = {sweep_fit.a:.2g} N^(-{sweep_fit.alpha:.2f})")
+checks = Checks("power-law fit of the sweep")
+checks.true("a straight line in log-log space: R^2 > 0.95", sweep_fit.r_squared > 0.95,
+            got=round(sweep_fit.r_squared, 3))
+checks.true("every point within 0.2 of the line (log residual)",
+            np.max(np.abs(sweep_fit.residuals)) < 0.2, got=round(float(np.max(np.abs(sweep_fit.residuals))), 1))
+checks.true("exponent between 0.3 and 0.45", 0.3 < sweep_fit.alpha < 0.45, got=round(sweep_fit.alpha, 2))
+display(checks)
 fig, ax = plt.subplots(figsize=(6.5, 4))
 ax.loglog(N_sweep, reducible, "o", color="black", label="trained models (307k tokens each)")
 ns = np.logspace(np.log10(N_sweep[0]) - 0.2, np.log10(N_sweep[-1]) + 0.2, 100)

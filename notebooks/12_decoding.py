@@ -77,7 +77,7 @@ print(f"text model: V = {text_model.config.vocab_size}, context {text_model.conf
 # The simplest rule takes the most likely token, $x_{t+1} = \arg\max_x z_x$, appends it
 # and repeats. It is deterministic, and it is what `temperature=0` means in
 # `llmbook.sampling.generate` (and in most serving APIs). On the book's small text model
-# (chapter 10: two layers, 512 BPE tokens, a few seconds of training on docstrings):
+# (chapter 10: four layers, 1024 BPE tokens, trained on the standard library's docstrings):
 
 # %%
 prompt = torch.tensor([tok.encode("Return the ")])  # (1, T)
@@ -158,7 +158,7 @@ with torch.no_grad():
     z_text = text_model(prompt)[0, -1]  # (V,)
 ts = np.geomspace(0.05, 20, 80)
 fig, ax = plt.subplots(figsize=(6.4, 3.6))
-for logits, name in ((z, "example logits, V = 5"), (z_text, "text model, V = 512")):
+for logits, name in ((z, "example logits, V = 5"), (z_text, f"text model, V = {z_text.numel()}")):
     ax.plot(ts, [entropy(logits, t) for t in ts], label=name)
     ax.axhline(math.log(logits.numel()), ls=":", c="gray")
 ax.set(xscale="log", xlabel="temperature T", ylabel="entropy H(T) (nats)",
@@ -171,7 +171,7 @@ plt.show()
 hs = [entropy(z_text, t) for t in ts]
 checks = Checks("entropy against temperature")
 checks.true("H(T) increasing (text model)", bool(np.all(np.diff(hs) > 0)))
-checks.close("H(20) -> log 512", math.log(512), hs[-1], tol=0.1)
+checks.close(f"H(20) -> log {z_text.numel()}", math.log(z_text.numel()), hs[-1], tol=0.1)
 checks.close("H(0.002) -> 0 (example)", 0.0, entropy(z, 0.002), tol=1e-9)
 checks
 
@@ -289,22 +289,32 @@ checks
 #
 # ## 12.6 The text model under each rule
 #
-# Same prompt, same seed, four rules. With a fixed `torch.Generator` each output is
-# reproducible.
+# Same prompt, same seed, five sampling rules, then beam search. With a fixed
+# `torch.Generator` each output is reproducible, and because the book ships the model's
+# weights, it is the same on your machine as in the committed notebook.
 
 # %%
 rules = {"greedy": dict(temperature=0), "T = 0.7": dict(temperature=0.7),
-         "top-k = 20": dict(top_k=20), "top-p = 0.9, T = 0.8": dict(top_p=0.9, temperature=0.8)}
+         "T = 1.5": dict(temperature=1.5), "top-k = 20": dict(top_k=20),
+         "top-p = 0.9, T = 0.8": dict(top_p=0.9, temperature=0.8)}
 outputs = {}
 for name, kw in rules.items():
     out = generate(text_model, prompt, 40, generator=torch.Generator().manual_seed(1), **kw)
     outputs[name] = out
-    print(f"{name:>20}: {tok.decode(out[0].tolist())!r}")
+    print(f"{name}:\n{tok.decode(out[0].tolist())!r}\n")
+best = beam_search(text_model, prompt, num_beams=4, max_new_tokens=40, length_penalty=1.0)[0]
+print(f"beam search, 4 beams:\n{tok.decode(best.tokens.tolist())!r}")
 
 # %% [markdown]
-# A two-layer model trained for seconds writes docstring-flavoured fragments, not prose;
-# what to see is the effect of the rule: greedy repeats, and lowering the temperature or
-# cutting the tail keeps the samples closer to the frequent patterns of the corpus.
+# Each rule has its own character. Greedy decoding loops at once ("identifier?
+# identifier? identifier?"). Temperature 1.5 flattens the distribution until rare tokens
+# win and words dissolve into fragments. The moderate rules (T = 0.7, top-k, top-p) stay
+# with the corpus's frequent patterns, here a stutter on "queue" that the flat tail of a
+# small model cannot escape once it starts. Beam search, which maximises the probability
+# of the whole continuation rather than of each token, writes the most docstring-like
+# text, a header and a sentence the corpus could contain, and then, like greedy, repeats
+# it. That is the trade-off of section 12.5 seen on real text: the most probable text
+# is fluent and dull, sampling is varied and error-prone.
 #
 # ## 12.7 The KV cache, briefly
 #
@@ -335,9 +345,10 @@ with torch.no_grad():
                                                        for t in range(7, 30)]
 checks = Checks("KV cache")
 checks.equal("greedy tokens, cache vs none", uncached.tolist(), cached.tolist())
-checks.close("logits: prefill 7 + 23 steps vs full", full, torch.cat(steps, dim=1), tol=1e-5)
+checks.close("logits: prefill 7 + 23 steps vs full (relative)", full, torch.cat(steps, dim=1),
+             tol=1e-5, rel=True)  # float32 round-off over 4 layers
 checks.equal("cache length", 30, cache.length)
-checks.equal("bytes: 2 L B T H_kv d_head * 4", kv_cache_bytes(text_model.config, 1, 64), cache.num_bytes())
+checks.equal("bytes: 2 L B T H_kv d_head * 4", kv_cache_bytes(text_model.config, 1, text_model.config.max_seq_len), cache.num_bytes())
 checks
 
 # %% tags=["nbval-ignore-output"]

@@ -97,7 +97,8 @@ with torch.no_grad():
     steps += [text_model(cached[:, t:t + 1], cache=cache) for t in range(8, 56)]
 checks = Checks("KV cache = recomputation (book text model)")
 checks.equal("greedy tokens, cache vs none", plain.tolist(), cached.tolist())
-checks.close("logits: prefill 8 + 48 steps vs full", full, torch.cat(steps, dim=1), tol=1e-5)
+checks.close("logits: prefill 8 + 48 steps vs full (relative)", full, torch.cat(steps, dim=1),
+             tol=1e-5, rel=True)  # float32 round-off over 4 layers
 checks.equal("tokens cached", 56, cache.length)
 checks
 
@@ -258,7 +259,7 @@ for (L_, B_, H_kv_, d_h_, T_, dtype) in [(2, 1, 4, 16, 64, torch.float32),
     checks.equal(f"L={L_} B={B_} H_kv={H_kv_} d_h={d_h_} T={T_} {dtype}",
                  B_ * T_ * kv_cache_bytes_per_token(L_, H_kv_, d_h_, dtype), real)
 checks.equal("book text model, kv_cache_bytes vs tensors",
-             kv_cache_bytes(text_model.config, 1, 64), cache.num_bytes())
+             kv_cache_bytes(text_model.config, 1, text_model.config.max_seq_len), cache.num_bytes())
 checks
 
 # %% [markdown]

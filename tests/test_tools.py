@@ -71,3 +71,42 @@ def test_chapter_sources_resolves_names():
     assert [p.name for p in nbpairs.chapter_sources(["00_preface"])] == ["00_preface.py"]
     with pytest.raises(SystemExit, match="no such notebook"):
         nbpairs.chapter_sources(["99_missing"])
+
+
+def test_the_second_cpu_setting_changes_float_bits():
+    """`make test`'s second nbval pass is only a test if its setting changes PyTorch's
+    results. Where the native kernels are vectorised (x86-64 with AVX2 or AVX-512), the
+    plain kernels of ATEN_CPU_CAPABILITY=default must give other bits for some op."""
+    import cpu_settings
+
+    native = cpu_settings.probe()
+    if native["capability"] == "DEFAULT":
+        pytest.skip("this CPU has no vectorised PyTorch kernels to switch off")
+    second = cpu_settings.probe(cpu_settings.SECOND_SETTING)
+    assert second["capability"] == "DEFAULT"
+    assert any(native[k] != second[k] for k in native if k != "capability")
+
+
+def test_diff_outputs_finds_a_changed_output(tmp_path, monkeypatch, capsys):
+    import diff_outputs
+
+    py = make_pair(tmp_path)
+    nb = nbformat.read(py.with_suffix(".ipynb"), as_version=4)
+    nb.cells[1].outputs[0]["data"]["text/plain"] = "41"  # as if committed from another run
+    nbformat.write(nb, py.with_suffix(".ipynb"))
+    assert diff_outputs.main([str(py)]) == 1
+    out = capsys.readouterr().out
+    assert "-41" in out and "+42" in out and "1 cell(s) differ" in out
+    make_pair(tmp_path)  # committed = fresh
+    assert diff_outputs.main([str(py)]) == 0
+
+
+def test_tidy_gives_stable_ids_and_no_timestamps(tmp_path):
+    py = make_pair(tmp_path)
+    first = nbpairs.tidy(nbformat.read(py.with_suffix(".ipynb"), as_version=4))
+    again = nbpairs.read_source(py)
+    nbpairs.execute(again, cwd=tmp_path)
+    again = nbpairs.tidy(again)
+    assert [c["id"] for c in first.cells] == [f"cell-{i}" for i in range(len(first.cells))]
+    assert all("execution" not in c.metadata for c in first.cells)
+    assert nbformat.writes(first) == nbformat.writes(again)  # re-execution: the same file

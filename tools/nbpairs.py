@@ -54,5 +54,19 @@ def execute(nb: nbformat.NotebookNode, cwd: Path = NOTEBOOKS) -> float:
     return time.perf_counter() - start
 
 
+def tidy(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Make an executed notebook's file depend only on its cells and their outputs.
+
+    Cell ids become ``cell-<index>`` (jupytext would draw random ones) and the execution
+    timestamps nbclient records are dropped, so re-executing an unchanged chapter
+    rewrites an identical file and a diff shows only what changed in its outputs.
+    """
+    nb.metadata.pop("widgets", None)
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"cell-{i}"
+        cell.metadata.pop("execution", None)
+    return nb
+
+
 def cell_sources(nb: nbformat.NotebookNode) -> list[tuple[str, str]]:
     return [(c.cell_type, c.source.strip()) for c in nb.cells]

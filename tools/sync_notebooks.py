@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 import nbformat
-from nbpairs import chapter_sources, execute, read_source
+from nbpairs import chapter_sources, execute, read_source, tidy
 
 
 def main(argv: list[str]) -> int:
@@ -17,8 +17,7 @@ def main(argv: list[str]) -> int:
     for py in chapter_sources(names):
         nb = read_source(py)
         seconds = execute(nb)
-        nb.metadata.pop("widgets", None)
-        nbformat.write(nb, py.with_suffix(".ipynb"))
+        nbformat.write(tidy(nb), py.with_suffix(".ipynb"))
         print(f"{py.stem}: executed in {seconds:.1f} s")
     return 0
 
