@@ -70,11 +70,11 @@ sync: setup
 
 ## models: retrain the book's shipped models from their recipes and rewrite data/models/
 models: setup
-	$(PY) -m llmbook.pretrained
+	$(PY) -m llmbook.training.pretrained
 
 ## models-check: retrain both models in memory and check they reach the shipped validation loss
 models-check: setup
-	LLMBOOK_RETRAIN_TEXT=1 $(PY) -m pytest -q tests/test_pretrained.py -k retraining
+	LLMBOOK_RETRAIN_TEXT=1 $(PY) -m pytest -q -s tests/test_pretrained.py -k retraining
 
 ## bench: run the benchmarks; results go to benchmarks/results/*.json
 bench: setup

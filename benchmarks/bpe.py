@@ -27,8 +27,8 @@ from pathlib import Path
 import tokenizers
 import torch
 
-from llmbook.corpus import load_stdlib_docs, stdlib_docs_path
-from llmbook.tokenizer import BPETokenizer, train_bpe, train_hf_bpe
+from llmbook.text.corpus import load_stdlib_docs, stdlib_docs_path
+from llmbook.text.tokenizer import BPETokenizer, train_bpe, train_hf_bpe
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "bpe.json"
@@ -73,7 +73,7 @@ def main() -> int:
 
     ratio_ours, ratio_hf = n_bytes / len(ids_ours), n_bytes / len(ids_hf)
     result = {
-        "benchmark": "byte-level BPE: llmbook.tokenizer vs Hugging Face tokenizers",
+        "benchmark": "byte-level BPE: llmbook.text.tokenizer vs Hugging Face tokenizers",
         "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": {
             "platform": platform.platform(),

@@ -1,7 +1,7 @@
 """Benchmark: the Triton FlashAttention kernels against PyTorch's SDPA (notebooks/14_flash_attention).
 
 On a CUDA GPU, for T = 1k ... 16k, head dims 64 and 128, causal and not, float16 and
-bfloat16, it times the forward and the forward+backward of ``llmbook.flash.
+bfloat16, it times the forward and the forward+backward of ``llmbook.inference.flash.
 flash_attention_triton`` and of ``torch.nn.functional.scaled_dot_product_attention`` in the
 same run (``triton.testing.do_bench``: median of the timed repetitions, CUDA events), after
 checking that the two agree. The shapes follow Dao (2023): B T = 16k tokens and H d = 2048
@@ -38,7 +38,7 @@ if not GPU:
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-from llmbook.flash import flash_attention_triton  # noqa: E402
+from llmbook.inference.flash import flash_attention_triton  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -1,6 +1,6 @@
 """Benchmark: generation with and without the KV cache on the CPU (notebooks/13_kv_cache).
 
-``llmbook.sampling.generate`` (greedy) is timed with ``use_cache=True`` and
+``llmbook.inference.sampling.generate`` (greedy) is timed with ``use_cache=True`` and
 ``use_cache=False`` on the same prompt, in the same run, for several numbers of generated
 tokens, on two models:
 
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
-from llmbook.model import TransformerConfig, TransformerLM
-from llmbook.pretrained import book_model
-from llmbook.sampling import generate
+from llmbook.inference.sampling import generate
+from llmbook.training.pretrained import book_model
+from llmbook.transformer.model import TransformerConfig, TransformerLM
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "kvcache.json"
@@ -89,7 +89,7 @@ def main() -> None:
                         "prompt_len": PROMPT_LEN, "rows": bench(name, model, lengths,
                                                                 args.repeats)})
     payload = {
-        "benchmark": "KV cache: llmbook.sampling.generate, greedy, use_cache True vs False",
+        "benchmark": "KV cache: llmbook.inference.sampling.generate, greedy, use_cache True vs False",
         "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "cpu_count": os.cpu_count(), "threads": args.threads,

@@ -2,7 +2,7 @@
 
 For each configuration (the small shapes the training chapters use) a randomly
 initialised ``LlamaForCausalLM`` with ``attn_implementation="sdpa"`` is built, our model
-gets its weights through ``TransformerLM.from_hf`` (so both compute the same function,
+gets its weights through ``llmbook.transformer.hf_loading.from_hf`` (so both compute the same function,
 checked before timing), and both are timed on the same batch of token ids:
 
 * ``forward``: logits under ``torch.no_grad()``;
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from llmbook.model import TransformerLM
+from llmbook.transformer.hf_loading import from_hf
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "model.json"
@@ -52,7 +52,7 @@ def build(vocab, d, L, H, H_kv, d_ff, T):
         vocab_size=vocab, hidden_size=d, num_hidden_layers=L, num_attention_heads=H,
         num_key_value_heads=H_kv, intermediate_size=d_ff, max_position_embeddings=T,
         attn_implementation="sdpa"))
-    return hf, TransformerLM.from_hf(hf)
+    return hf, from_hf(hf)
 
 
 def logits_of(model, ids):

@@ -3,15 +3,15 @@
 Two loops train the same function on the same batches on the CPU:
 
 * **ours**: ``TransformerLM`` (``TransformerConfig.llama_style``) stepped by
-  ``llmbook.train.train_step``: the book's ``cross_entropy``, ``llmbook.optim.AdamW``
-  with :func:`~llmbook.train.param_groups`, ``cosine_schedule`` / ``set_lr`` and
+  ``llmbook.training.train.train_step``: the book's ``cross_entropy``, ``llmbook.training.optim.AdamW``
+  with :func:`~llmbook.training.train.param_groups`, ``cosine_schedule`` / ``set_lr`` and
   ``clip_grad_norm_``;
 * **peer**: ``transformers.LlamaForCausalLM`` (``attn_implementation="sdpa"``) with
   ``torch.optim.AdamW`` (same two parameter groups, default single-tensor path as the
   book's follows), ``torch.nn.functional.cross_entropy``, the same schedule and
   ``torch.nn.utils.clip_grad_norm_``.
 
-Our model gets the peer's initial weights (``TransformerLM.from_hf``) and both draw the
+Our model gets the peer's initial weights (``llmbook.transformer.hf_loading.from_hf``) and both draw the
 same batches, so their losses agree over the first ``--steps`` steps to 1e-3 (checked;
 later, float32 round-off compounds and the runs drift apart slowly).
 Each repeat times ``--steps`` consecutive steps of each loop, the loops interleaved
@@ -40,10 +40,10 @@ import torch.nn.functional as F
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from llmbook.data import default_source
-from llmbook.model import TransformerLM
-from llmbook.optim import AdamW, cosine_schedule
-from llmbook.train import get_batch, param_groups, train_step
+from llmbook.text.data import default_source
+from llmbook.training.optim import AdamW, cosine_schedule
+from llmbook.training.train import get_batch, param_groups, train_step
+from llmbook.transformer.hf_loading import from_hf
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "train.json"
@@ -62,7 +62,7 @@ def build(V, d, L, H, H_kv, d_ff, T):
         vocab_size=V, hidden_size=d, num_hidden_layers=L, num_attention_heads=H,
         num_key_value_heads=H_kv, intermediate_size=d_ff, max_position_embeddings=T,
         tie_word_embeddings=False, attn_implementation="sdpa"))
-    return TransformerLM.from_hf(hf), hf
+    return from_hf(hf), hf
 
 
 def hf_groups(model):
@@ -147,7 +147,7 @@ def main() -> int:
 
     ratios = [r["speed_ratio_ours_over_transformers"] for r in rows]
     result = {
-        "benchmark": "training loop tokens/s: TransformerLM + llmbook.optim.AdamW vs "
+        "benchmark": "training loop tokens/s: TransformerLM + llmbook.training.optim.AdamW vs "
                      "transformers LlamaForCausalLM (sdpa) + torch.optim.AdamW, CPU",
         "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": {

@@ -1,4 +1,21 @@
-"""llmbook: the code of an executable textbook on the mathematics of large language models."""
+"""llmbook: the code of an executable textbook on the mathematics of large language models.
+
+One subpackage per part of the book, each importing only from earlier parts:
+
+* :mod:`llmbook.text` — Part I, text as mathematics (chapters 1–3): tokenizer, corpus,
+  embeddings, softmax and cross-entropy, the Markov source, n-grams.
+* :mod:`llmbook.transformer` — Part II, the transformer (chapters 4–7): attention,
+  positions, norms and feed-forward layers, the decoder, loading from Hugging Face, sizing.
+* :mod:`llmbook.training` — Part III, training (chapters 8–11): backpropagation, autograd,
+  optimisers, the training loop, checkpoints, the book's shipped models, scaling laws.
+* :mod:`llmbook.inference` — Part IV, inference (chapters 12–15): sampling and beam
+  search, the KV cache and attention variants, FlashAttention, quantisation.
+
+Parts V (alignment) and VI (scale) will be :mod:`llmbook.alignment` and
+:mod:`llmbook.scale`. Shared by every chapter, at the top: :mod:`llmbook.nbtools`
+(``show_source``, ``Checks``, ``save_figure``), :mod:`llmbook.validation` (argument
+checks) and :mod:`llmbook.environment` (the preface's environment check).
+"""
 
 import warnings
 

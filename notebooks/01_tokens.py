@@ -6,7 +6,7 @@
 # encoding** (BPE) tokenizer, trained from scratch, the kind GPT-2 introduced
 # (Radford et al., 2019, *Language Models are Unsupervised Multitask Learners*) and
 # most open models still use. We derive what can be derived (UTF-8 lengths, the size
-# of the vocabulary), implement the trainer and the encoder in `llmbook.tokenizer`, and
+# of the vocabulary), implement the trainer and the encoder in `llmbook.text.tokenizer`, and
 # verify them against Hugging Face `tokenizers`: same vocabulary and merges must give
 # the *same token ids*, and trained on the same text both trainers must compress it
 # equally well.
@@ -25,9 +25,9 @@ import sympy as sp
 import torch
 from IPython.display import display
 
-from llmbook.corpus import load_stdlib_docs, stdlib_docs_path
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
-from llmbook.tokenizer import (
+from llmbook.text.corpus import load_stdlib_docs, stdlib_docs_path
+from llmbook.text.tokenizer import (
     BPETokenizer,
     count_pairs,
     hf_tokenizer_from_bpe,
@@ -36,7 +36,7 @@ from llmbook.tokenizer import (
     train_bpe_naive,
     train_hf_bpe,
 )
-from llmbook.tokenizer.train import _apply_merge
+from llmbook.text.tokenizer.train import _apply_merge
 
 seed_everything(0)
 EOT = "<|endoftext|>"
@@ -275,7 +275,7 @@ for size, a, b in zip(sizes, ours_ratio, peer_ratio, strict=True):
 
 # %%
 fig, ax = plt.subplots(figsize=(6.4, 4))
-ax.plot(sizes, ours_ratio, "o-", label="llmbook.tokenizer (one training run, prefixes)")
+ax.plot(sizes, ours_ratio, "o-", label="llmbook.text.tokenizer (one training run, prefixes)")
 ax.plot(sizes, peer_ratio, "x--", label="Hugging Face tokenizers (trained per size)")
 ax.axhline(1.0, color="gray", lw=0.8, ls=":", label="bytes only (V = 256)")
 ax.set_xscale("log")

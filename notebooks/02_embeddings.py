@@ -32,7 +32,8 @@ from IPython.display import display
 from sympy.stats import Beta
 from sympy.stats import E as expectation
 
-from llmbook.embedding import (
+from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.text.embedding import (
     TokenEmbedding,
     cosine_similarity,
     embedding_grad,
@@ -40,7 +41,6 @@ from llmbook.embedding import (
     one_hot,
     pairwise_cosine,
 )
-from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
 
 g = seed_everything(0)
 
@@ -94,7 +94,7 @@ display(sp.Eq(sp.MatMul(X, E, evaluate=False), gathered, evaluate=False))
 # %% [markdown]
 # ## 2.2 The embedding layer in code
 #
-# The naive implementation builds $X$ and multiplies. `llmbook.embedding.one_hot` builds $X$
+# The naive implementation builds $X$ and multiplies. `llmbook.text.embedding.one_hot` builds $X$
 # for any batch shape, refusing float ids and ids outside $[0, V)$ (the message names the
 # offending id and $V$):
 

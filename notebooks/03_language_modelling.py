@@ -6,7 +6,7 @@
 # sequence into a product of next-token predictions; maximum likelihood turns learning
 # into minimising the **cross-entropy**; the **softmax** turns a vector of logits into a
 # next-token distribution. We derive each piece with SymPy, build `softmax`,
-# `log_softmax` and `cross_entropy` in `llmbook.functional` and check them against
+# `log_softmax` and `cross_entropy` in `llmbook.text.functional` and check them against
 # PyTorch, including at logits of $\pm 10^4$ where the textbook formula breaks.
 #
 # Then we build something the rest of the book leans on: a **synthetic source** whose
@@ -24,16 +24,16 @@ import torch
 import torch.nn.functional as F
 from IPython.display import Math, display
 
-from llmbook.data import MarkovSource, default_source
-from llmbook.functional import (
+from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.text.data import MarkovSource, default_source
+from llmbook.text.functional import (
     cross_entropy,
     log_softmax,
     logsumexp,
     perplexity,
     softmax,
 )
-from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
-from llmbook.ngram import NGramModel
+from llmbook.text.ngram import NGramModel
 
 gen = seed_everything(0)
 torch.set_default_dtype(torch.float32)
@@ -255,7 +255,7 @@ def agree(checks, what, got, ref, tol):
     checks.close(f"{what} (tol {tol:.0e})", ref / scale, got / scale, tol=tol)
 
 
-checks = Checks("llmbook.functional against PyTorch")
+checks = Checks("llmbook.text.functional against PyTorch")
 for dtype, tol in ((torch.float32, 1e-6), (torch.float64, 1e-12)):
     zz = 3 * torch.randn(4, 7, 50, generator=gen, dtype=dtype)  # (B, T, V)
     yy = torch.randint(0, 50, (4, 7), generator=gen)
@@ -302,7 +302,7 @@ ppl_checks
 # ## The synthetic source and its entropy rate
 #
 # The best achievable cross-entropy on real text is unknown. For the rest of the book we
-# therefore also train on a source whose best is known. `llmbook.data.MarkovSource` is a
+# therefore also train on a source whose best is known. `llmbook.text.data.MarkovSource` is a
 # Markov chain of order $k$ over $V$ tokens: the next token depends only on the previous
 # $k$ tokens (the **context** $c$),
 #

@@ -38,15 +38,15 @@ from sympy.stats import E as expectation
 from sympy.stats import Normal, Rademacher
 from torch.utils.flop_counter import FlopCounterMode
 
-from llmbook.attention import (
+from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.text.embedding import TokenEmbedding
+from llmbook.transformer.attention import (
     MultiHeadAttention,
     attention_flops,
     attention_weights,
     causal_mask,
     scaled_dot_product_attention,
 )
-from llmbook.embedding import TokenEmbedding
-from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
 
 g = seed_everything(0)
 torch.set_default_dtype(torch.float32)

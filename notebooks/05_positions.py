@@ -36,7 +36,7 @@ from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
-from llmbook.positional import (
+from llmbook.transformer.positional import (
     LearnedPositions,
     RotaryEmbedding,
     alibi_bias,

@@ -12,7 +12,7 @@
 # 3. **the feed-forward layer**: GPT-2's two-layer MLP with the GELU activation (exact and
 #    tanh-approximated), and Llama's gated SwiGLU, with their parameter counts.
 #
-# Each formula is derived in SymPy, implemented in `llmbook.layers`, and checked against
+# Each formula is derived in SymPy, implemented in `llmbook.transformer.layers`, and checked against
 # PyTorch and Hugging Face `transformers` (with weights copied across, no downloads).
 
 # %%
@@ -28,7 +28,8 @@ from IPython.display import display
 from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
-from llmbook.layers import (
+from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.transformer.layers import (
     MLP,
     LayerNorm,
     RMSNorm,
@@ -40,7 +41,6 @@ from llmbook.layers import (
     swiglu_hidden_size,
     swiglu_parameter_count,
 )
-from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
 
 g = seed_everything(0)
 torch.set_num_threads(1)  # every tensor here is tiny: one thread is faster than several
@@ -688,7 +688,7 @@ for name, n_ff, count in [("MLP d_ff = 4d", 4 * 4096, mlp_parameter_count(4096, 
 # `tests/test_solutions_06.py`.
 #
 # 1. (★) **LayerNorm from RMSNorm.** Write `layer_norm_via_rms_norm(x, weight, bias, eps)`
-#    that computes LayerNorm using only `RMSNorm` from `llmbook.layers` and a mean, and check
+#    that computes LayerNorm using only `RMSNorm` from `llmbook.transformer.layers` and a mean, and check
 #    it against `torch.nn.LayerNorm` on a $(3, 5, 8)$ batch.
 # 2. (★★) **LayerNorm backward without the matrix.** The vector-Jacobian product $J^\top g$
 #    is what backpropagation needs. Show from the closed form that, with $g' = \gamma \odot g$,

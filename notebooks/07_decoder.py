@@ -38,10 +38,10 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from llmbook.hf_loading import config_from_hf, randomize_parameters_
-from llmbook.model import DecoderBlock, TransformerConfig, TransformerLM
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
-from llmbook.sizing import (
+from llmbook.transformer.hf_loading import config_from_hf, from_hf, randomize_parameters_
+from llmbook.transformer.model import DecoderBlock, TransformerConfig, TransformerLM
+from llmbook.transformer.sizing import (
     count_parameters,
     count_parameters_symbolic,
     flops_per_token,
@@ -180,7 +180,7 @@ P_attn += b_qkv * (H + 2 * H_kv) * d_h + b_o * d  # their biases
 P_ffn = m * d * d_ff + b_mlp * ((m - 1) * d_ff + d)  # m matrices, (m - 1) d_ff + d biases
 P_norm = d * (1 + b_n)  # gain (and LayerNorm's shift)
 P_model = L * (P_attn + P_ffn + 2 * P_norm) + P_norm + V * d * (1 + u) + p * T_max * d
-assert sp.simplify(P_model - count_parameters_symbolic()) == 0  # = llmbook.sizing's form
+assert sp.simplify(P_model - count_parameters_symbolic()) == 0  # = llmbook.transformer.sizing's form
 display(sp.Eq(sp.Symbol("N"), sp.collect(sp.expand(P_model), L)))
 
 # %% [markdown]
@@ -203,7 +203,7 @@ display(sp.Eq(sp.Symbol(r"N_{\mathrm{GPT\text{-}2}}"), sp.collect(P_gpt2, L)),
         sp.Eq(sp.Symbol(r"N_{\mathrm{Llama}}"), sp.collect(P_llama, L)))
 
 # %% [markdown]
-# `llmbook.sizing.count_parameters` evaluates the same closed form with integers:
+# `llmbook.transformer.sizing.count_parameters` evaluates the same closed form with integers:
 
 # %%
 show_source(parameter_shares)
@@ -302,7 +302,7 @@ def counted_flops(model, B, T_):
 checks = Checks("FLOPs: closed form x B T vs FlopCounterMode")
 missed = {}
 for family in ("gpt2", "llama", "qwen2"):
-    model = TransformerLM.from_hf(hf_small(family, tied=family != "llama"))
+    model = from_hf(hf_small(family, tied=family != "llama"))
     for B_, T_ in ((1, 32), (3, 13)):
         model.set_fused_attention(False)
         checks.equal(f"{family}, B={B_}, T={T_}", B_ * T_ * flops_per_token(model.config, T_),
@@ -311,7 +311,7 @@ for family in ("gpt2", "llama", "qwen2"):
         gap = B_ * T_ * flops_per_token(model.config, T_) - counted_flops(model, B_, T_)
         missed[(family, B_, T_)] = (gap, model.config)
 with torch.device("meta"):
-    qwen = TransformerLM.from_hf(qwen_hf)
+    qwen = from_hf(qwen_hf)
 qwen.set_fused_attention(False)
 qwen_flops = flops_per_token(qwen.config, 2048)
 checks.equal("Qwen2-0.5B (meta), B=1, T=2048", 2048 * qwen_flops, counted_flops(qwen, 1, 2048))
@@ -407,7 +407,7 @@ plt.show()
 # ## 7.6 Loading Hugging Face models
 #
 # The strongest check of the model is an independent implementation of the same function.
-# `TransformerLM.from_hf` reads the configuration of a `transformers` model and copies its
+# `from_hf` (in `llmbook.transformer.hf_loading`) reads the configuration of a `transformers` model and copies its
 # weights. For Llama and Qwen2 the module names already match (the book named them after
 # Llama), so it is a renaming; GPT-2 needs two more steps: its `Conv1D` layers store the
 # weight as $(d_{in}, d_{out})$, the transpose of `nn.Linear`'s, and its `c_attn` holds
@@ -417,7 +417,7 @@ plt.show()
 show_source(config_from_hf)
 
 # %%
-from llmbook.hf_loading import _gpt2_state  # noqa: E402
+from llmbook.transformer.hf_loading import _gpt2_state  # noqa: E402
 
 show_source(_gpt2_state)
 
@@ -431,12 +431,12 @@ show_source(_gpt2_state)
 
 # %%
 ids = torch.randint(0, 173, (3, 13), generator=g)
-checks = Checks("logits: TransformerLM.from_hf vs transformers (float32, max |difference|)")
+checks = Checks("logits: from_hf vs transformers (float32, max |difference|)")
 for family in ("gpt2", "llama", "qwen2"):
     for impl in ("eager", "sdpa"):
         hf = randomize_parameters_(hf_small(family, tied=family != "llama",
                                             attn_implementation=impl), 0.1, g).eval()
-        ours = TransformerLM.from_hf(hf).eval()
+        ours = from_hf(hf).eval()
         with torch.no_grad():
             ref = hf(ids).logits  # (B, T, V)
             for fused in (True, False):

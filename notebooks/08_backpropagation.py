@@ -10,8 +10,8 @@
 #    end (reverse mode) is the cheap order: every step is a vector-Jacobian product;
 # 2. **backward passes by hand** for the layers of the book: the linear layer, softmax,
 #    cross-entropy, LayerNorm, GELU and attention. Each is derived in SymPy, implemented in
-#    `llmbook.backprop` and checked against `torch.autograd` to $10^{-10}$ in float64;
-# 3. **a scalar autograd engine** (`llmbook.autograd.Value`), one class of about 150 lines, that
+#    `llmbook.training.backprop` and checked against `torch.autograd` to $10^{-10}$ in float64;
+# 3. **a scalar autograd engine** (`llmbook.training.autograd.Value`), one class of about 150 lines, that
 #    trains a small MLP with exactly the loss curve PyTorch gives;
 # 4. **finite differences**: why the step $\varepsilon$ can be too small as well as too
 #    large, where the optimum lies, and a gradient checker built on it.
@@ -25,8 +25,16 @@ import torch.nn.functional as F
 from IPython.display import display
 from torch.utils.flop_counter import FlopCounterMode
 
-from llmbook.autograd import MLP, Value, finite_difference, gradcheck, mse_loss, topological_order
-from llmbook.backprop import (
+from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.training.autograd import (
+    MLP,
+    Value,
+    finite_difference,
+    gradcheck,
+    mse_loss,
+    topological_order,
+)
+from llmbook.training.backprop import (
     attention_backward,
     cross_entropy_backward,
     gelu_backward,
@@ -34,7 +42,6 @@ from llmbook.backprop import (
     linear_backward,
     softmax_backward,
 )
-from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
 
 g = seed_everything(0)
 torch.set_num_threads(1)  # every tensor here is small
@@ -140,7 +147,7 @@ display(sp.Eq(sp.Symbol(r"\partial L / \partial W"), dL_dW, evaluate=False))
 #    \frac{\partial \mathcal L}{\partial b} = \sum_n G_{n \cdot} , $$
 #
 # the bias gradient summing over the $N$ positions because the same $b$ is added to each.
-# `llmbook.backprop.linear_backward` implements this layout, the one every module of the
+# `llmbook.training.backprop.linear_backward` implements this layout, the one every module of the
 # book uses, with any leading batch dimensions. SymPy confirms it on the same symbols:
 
 # %%
@@ -536,7 +543,7 @@ checks
 # %% [markdown]
 # ### A small MLP, against PyTorch
 #
-# `llmbook.autograd.MLP` stacks neurons $\tanh(\sum_i w_i x_i + b)$ into layers (the last
+# `llmbook.training.autograd.MLP` stacks neurons $\tanh(\sum_i w_i x_i + b)$ into layers (the last
 # one linear), initialised from $\mathcal U(-1/\sqrt{n_{in}}, 1/\sqrt{n_{in}})$ like
 # `torch.nn.Linear`. We build a $3 \to 4 \to 4 \to 1$ network, copy its weights into the same
 # network written with `torch.nn.Linear` in float64, and fit 8 points of a smooth function
@@ -735,7 +742,7 @@ checks
 # %% [markdown]
 # ### A gradient checker
 #
-# `llmbook.autograd.gradcheck` perturbs each input entry by $\pm\varepsilon$
+# `llmbook.training.autograd.gradcheck` perturbs each input entry by $\pm\varepsilon$
 # ($\varepsilon = 10^{-6}$, near the central optimum), compares the central difference of
 # $f$ with autograd's gradient, and passes an entry when the two agree to
 # $\mathrm{atol} + \mathrm{rtol}\,|\text{numeric}|$ ($10^{-5}$ and $10^{-3}$, PyTorch's
@@ -832,7 +839,7 @@ except TypeError as err:
 #    $\partial \mathcal L / \partial x = \frac1r\big(g' - \hat x\, \overline{g' \odot \hat x}\big)$ and
 #    $\partial \mathcal L / \partial w = \sum G \odot \hat x$. Implement
 #    `rms_norm_backward(x, weight, eps, grad_out)` and check it against autograd through
-#    `llmbook.layers.RMSNorm` in float64 to $10^{-10}$.
+#    `llmbook.transformer.layers.RMSNorm` in float64 to $10^{-10}$.
 # 3. (★★) **A five-point stencil.** Find the weights $c_k$ of
 #    $f'(x) \approx \frac{1}{\varepsilon}\sum_{k=-2}^{2} c_k f(x + k\varepsilon)$ that make the error
 #    $O(\varepsilon^4)$, by solving the Taylor conditions in SymPy. From the error model

@@ -14,10 +14,10 @@
 #    and why this differs from an L2 penalty for Adam but not for plain SGD;
 # 4. **a learning-rate schedule** (linear warmup, cosine decay) and **gradient clipping**;
 # 5. the three optimisers racing on a two-dimensional valley, and a final check: on a small
-#    transformer, 100 training steps with `llmbook.optim` give the same parameters as
+#    transformer, 100 training steps with `llmbook.training.optim` give the same parameters as
 #    `torch.optim`.
 #
-# The optimisers live in `llmbook.optim` as subclasses of `torch.optim.Optimizer`, so
+# The optimisers live in `llmbook.training.optim` as subclasses of `torch.optim.Optimizer`, so
 # parameter groups and checkpoints work as in PyTorch.
 
 # %%
@@ -32,12 +32,12 @@ import transformers
 from IPython.display import display
 from torch import nn
 
-from llmbook.attention import MultiHeadAttention
-from llmbook.data import default_source
-from llmbook.embedding import TokenEmbedding
-from llmbook.layers import MLP, LayerNorm
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
-from llmbook.optim import SGD, Adam, AdamW, clip_grad_norm_, cosine_schedule, set_lr
+from llmbook.text.data import default_source
+from llmbook.text.embedding import TokenEmbedding
+from llmbook.training.optim import SGD, Adam, AdamW, clip_grad_norm_, cosine_schedule, set_lr
+from llmbook.transformer.attention import MultiHeadAttention
+from llmbook.transformer.layers import MLP, LayerNorm
 
 g = seed_everything(0)
 torch.set_num_threads(1)  # every tensor here is small: one thread is faster than several
@@ -572,7 +572,7 @@ checks
 
 # %% [markdown]
 # Now the optimisers. Each is run twice from identical weights on identical batches: once
-# with `llmbook.optim`, once with its `torch.optim` counterpart. The last rows add two
+# with `llmbook.training.optim`, once with its `torch.optim` counterpart. The last rows add two
 # parameter groups (no weight decay for the biases, norm gains and positions, the usual
 # practice with AdamW, and, to exercise per-group settings, half the learning rate), the
 # full training recipe of chapter 10 (AdamW with the two weight-decay groups, warmup and
@@ -655,7 +655,7 @@ def max_param_diff(a, b):
     return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters(), strict=True))
 
 
-checks = Checks("100 training steps: llmbook.optim against torch.optim (max |diff| of all parameters)")
+checks = Checks("100 training steps: llmbook.training.optim against torch.optim (max |diff| of all parameters)")
 for name, (ours, ref, _, _) in results.items():
     checks.close(name, 0.0, max_param_diff(ours, ref), tol=1e-6)
 checks.close("AdamW + groups + cosine schedule + clipping", 0.0, max_param_diff(recipe_ours, recipe_ref), tol=1e-6)
@@ -692,7 +692,7 @@ for name, (_, _, loss_ours, loss_ref) in results.items():
 # * Warmup from $0$ to $\eta_{\max}$ in $W$ steps, then
 #   $\eta_{\min} + \frac12(\eta_{\max}-\eta_{\min})(1+\cos\pi\frac{s-W}{N-W})$; clipping scales the
 #   global gradient norm down to $c$ and keeps its direction.
-# * `llmbook.optim`'s SGD, Adam and AdamW reproduce `torch.optim` bit for bit over 100 steps
+# * `llmbook.training.optim`'s SGD, Adam and AdamW reproduce `torch.optim` bit for bit over 100 steps
 #   of a transformer, with parameter groups, a schedule, clipping and a checkpoint resume.
 #
 # ## Exercises
@@ -704,7 +704,7 @@ for name, (_, _, loss_ours, loss_ref) in results.items():
 #    steps of SGD with momentum $\mu$ (no dampening) the parameters have moved by
 #    $-\frac{\eta g}{1-\mu}\bigl(t - \mu\frac{1-\mu^t}{1-\mu}\bigr)$. Derive it with
 #    `sp.summation`, write `momentum_displacement(lr, mu, g, t)`, and check it against
-#    `llmbook.optim.SGD` in float64 for several $\mu$ and $t$. How many steps does
+#    `llmbook.training.optim.SGD` in float64 for several $\mu$ and $t$. How many steps does
 #    $\mu = 0.9$ lose to its "warm-up" compared with a step of $\eta g/(1-\mu)$ from the start?
 # 2. (★★) **RMSprop.** RMSprop (Tieleman & Hinton, 2012, lecture 6.5 of "Neural Networks for
 #    Machine Learning") is Adam without the first moment and without bias correction:

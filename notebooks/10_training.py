@@ -17,8 +17,8 @@
 # 5. **Real text**: a BPE tokenizer (chapter 1) on the Python standard library's
 #    docstrings, a model trained for a few seconds, and what it writes.
 #
-# The code lives in `llmbook.train` (the loop), `llmbook.checkpoint` (saving and loading)
-# and `llmbook.pretrained` (the book's shipped models).
+# The code lives in `llmbook.training.train` (the loop), `llmbook.training.checkpoint` (saving and loading)
+# and `llmbook.training.pretrained` (the book's shipped models).
 
 # %%
 import tempfile
@@ -30,14 +30,18 @@ import sympy as sp
 import torch
 from IPython.display import display
 
-import llmbook.checkpoint as checkpoint_module
-from llmbook.checkpoint import atomic_save, load_checkpoint, read_checkpoint, save_checkpoint
-from llmbook.data import default_source
-from llmbook.model import TransformerConfig, TransformerLM
+import llmbook.training.checkpoint as checkpoint_module
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
-from llmbook.ngram import NGramModel
-from llmbook.pretrained import book_model, sample_text
-from llmbook.train import (
+from llmbook.text.data import default_source
+from llmbook.text.ngram import NGramModel
+from llmbook.training.checkpoint import (
+    atomic_save,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
+from llmbook.training.pretrained import book_model, sample_text
+from llmbook.training.train import (
     TrainConfig,
     evaluate,
     get_batch,
@@ -47,6 +51,7 @@ from llmbook.train import (
     train,
     train_step,
 )
+from llmbook.transformer.model import TransformerConfig, TransformerLM
 
 g = seed_everything(0)
 torch.set_num_threads(1)  # the models here are small: one thread is as fast and steadier

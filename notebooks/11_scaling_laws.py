@@ -34,10 +34,9 @@ import torch.nn.functional as F
 from IPython.display import display
 from torch.utils.flop_counter import FlopCounterMode
 
-from llmbook.data import default_source
-from llmbook.model import TransformerConfig, TransformerLM
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
-from llmbook.scaling import (
+from llmbook.text.data import default_source
+from llmbook.training.scaling import (
     CHINCHILLA_CONSTANTS,
     chinchilla_loss,
     compute_optimal,
@@ -48,7 +47,8 @@ from llmbook.scaling import (
     tokens_per_parameter,
     training_flops,
 )
-from llmbook.sizing import (
+from llmbook.transformer.model import TransformerConfig, TransformerLM
+from llmbook.transformer.sizing import (
     SYMBOLS,
     count_parameters_symbolic,
     flops_per_token,
@@ -215,7 +215,7 @@ display(sp.Eq(sp.Symbol("C_{train}/token"), train_per_token))
 # Training therefore costs $3 \times 2N = 6N$ FLOPs per token, and $C \approx 6ND$ for $D$
 # tokens (Kaplan et al., 2020, section 2.1). `FlopCounterMode` confirms the factor 3 on a
 # small model (with the book's unfused attention, which the counter can see), and the
-# closed form of `llmbook.sizing` gives the exact training FLOPs per token of real shapes
+# closed form of `llmbook.transformer.sizing` gives the exact training FLOPs per token of real shapes
 # to compare with $6N$:
 
 # %%
@@ -280,7 +280,7 @@ for name, (c, T_) in shapes.items():
 # model could make up for, and would add a constant to every model's loss.
 
 # %%
-from llmbook.train import TrainConfig, evaluate, train  # noqa: E402
+from llmbook.training.train import TrainConfig, evaluate, train  # noqa: E402
 
 source = default_source()
 H_rate = source.entropy_rate()
@@ -365,7 +365,7 @@ plt.show()
 # unlearned. Their "approach 3" fitted the five constants to all runs (a Huber loss on the
 # log of the loss, minimised with L-BFGS). Besiroglu et al. (2024, "Chinchilla Scaling:
 # A replication attempt") reconstructed the data from the paper's figure, found that the
-# published constants fit it poorly, and refitted. Both sets are in `llmbook.scaling`:
+# published constants fit it poorly, and refitted. Both sets are in `llmbook.training.scaling`:
 
 # %%
 print(f"{'constants':15s}{'E':>8s}{'A':>9s}{'B':>9s}{'alpha':>8s}{'beta':>8s}")

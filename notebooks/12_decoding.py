@@ -30,7 +30,7 @@
 #    rejection rule makes the output distribution *exactly* the large model's. We prove it
 #    with SymPy, test it with a chi-square test, and check the expected speed-up.
 #
-# The code is in `llmbook.sampling` and `llmbook.kvcache`.
+# The code is in `llmbook.inference.sampling` and `llmbook.inference.kvcache`.
 
 # %%
 import itertools
@@ -43,12 +43,8 @@ import sympy as sp
 import torch
 from IPython.display import display
 
-from llmbook.data import default_source
-from llmbook.kvcache import KVCache, kv_cache_bytes
-from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
-from llmbook.ngram import NGramModel
-from llmbook.pretrained import book_model
-from llmbook.sampling import (
+from llmbook.inference.kvcache import KVCache, kv_cache_bytes
+from llmbook.inference.sampling import (
     BigramLM,
     apply_temperature,
     beam_search,
@@ -63,6 +59,10 @@ from llmbook.sampling import (
     top_k_filter,
     top_p_filter,
 )
+from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.text.data import default_source
+from llmbook.text.ngram import NGramModel
+from llmbook.training.pretrained import book_model
 
 g = seed_everything(0)
 torch.set_num_threads(1)  # tiny tensors: one thread is as fast and steadier
@@ -76,7 +76,7 @@ print(f"text model: V = {text_model.config.vocab_size}, context {text_model.conf
 #
 # The simplest rule takes the most likely token, $x_{t+1} = \arg\max_x z_x$, appends it
 # and repeats. It is deterministic, and it is what `temperature=0` means in
-# `llmbook.sampling.generate` (and in most serving APIs). On the book's small text model
+# `llmbook.inference.sampling.generate` (and in most serving APIs). On the book's small text model
 # (chapter 10: four layers, 1024 BPE tokens, trained on the standard library's docstrings):
 
 # %%

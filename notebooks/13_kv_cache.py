@@ -28,7 +28,7 @@
 #    keys and values, and attend in latent space by absorbing weights (proved in SymPy).
 # 6. **Sliding-window attention** (Longformer, Mistral): a rolling cache of fixed size.
 #
-# The code is in `llmbook.kvcache` (chapter 12) and `llmbook.attention_variants`.
+# The code is in `llmbook.inference.kvcache` (chapter 12) and `llmbook.inference.attention_variants`.
 
 # %%
 import json
@@ -44,8 +44,7 @@ from IPython.display import display
 from torch.utils.flop_counter import FlopCounterMode
 
 import llmbook
-from llmbook.attention import MultiHeadAttention, scaled_dot_product_attention
-from llmbook.attention_variants import (
+from llmbook.inference.attention_variants import (
     LatentCache,
     MultiHeadLatentAttention,
     decode_step_flops,
@@ -54,12 +53,13 @@ from llmbook.attention_variants import (
     sliding_window_decode,
     sliding_window_mask,
 )
-from llmbook.kvcache import KVCache, kv_cache_bytes
-from llmbook.model import TransformerConfig, TransformerLM
+from llmbook.inference.kvcache import KVCache, kv_cache_bytes
+from llmbook.inference.sampling import generate
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
-from llmbook.pretrained import book_model
-from llmbook.sampling import generate
-from llmbook.sizing import flops_per_token
+from llmbook.training.pretrained import book_model
+from llmbook.transformer.attention import MultiHeadAttention, scaled_dot_product_attention
+from llmbook.transformer.model import TransformerConfig, TransformerLM
+from llmbook.transformer.sizing import flops_per_token
 
 g = seed_everything(0)
 torch.set_num_threads(1)  # small tensors: one thread is as fast and steadier

@@ -37,9 +37,8 @@ import torch
 import torch.nn.functional as F
 from IPython.display import Math, display
 
-from llmbook import flash_triton
-from llmbook.attention import causal_mask, scaled_dot_product_attention
-from llmbook.flash import (
+from llmbook.inference import flash_triton
+from llmbook.inference.flash import (
     attention_hbm_accesses,
     flash_attention_backward_reference,
     flash_attention_reference,
@@ -50,6 +49,7 @@ from llmbook.flash import (
     softmax_state,
 )
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.transformer.attention import causal_mask, scaled_dot_product_attention
 
 g = seed_everything(0)
 torch.set_num_threads(1)  # small tensors; one thread keeps the memory events in one order

@@ -20,7 +20,7 @@
 # 7. **AWQ**: scaling up the weights that meet large activations;
 # 8. the book's model at 8, 4 and 3 bits with the three methods, and the memory saved.
 #
-# The code lives in `llmbook.quant` (quantisers, integer matmul, NF4) and `llmbook.gptq`
+# The code lives in `llmbook.inference.quant` (quantisers, integer matmul, NF4) and `llmbook.inference.gptq`
 # (GPTQ, AWQ, whole models).
 
 # %%
@@ -31,8 +31,7 @@ import sympy as sp
 import torch
 from IPython.display import display
 
-from llmbook.data import default_source
-from llmbook.gptq import (
+from llmbook.inference.gptq import (
     awq_scale_search,
     gptq_quantize,
     gptq_quantize_naive,
@@ -42,9 +41,7 @@ from llmbook.gptq import (
     quantize_model,
     quantize_rtn,
 )
-from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
-from llmbook.pretrained import RECIPES, book_model
-from llmbook.quant import (
+from llmbook.inference.quant import (
     accumulator_overflow_length,
     dequantize,
     int8_matmul,
@@ -53,7 +50,10 @@ from llmbook.quant import (
     quantize_absmax,
     quantize_zeropoint,
 )
-from llmbook.train import evaluate, get_batch
+from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.text.data import default_source
+from llmbook.training.pretrained import RECIPES, book_model
+from llmbook.training.train import evaluate, get_batch
 
 g = seed_everything(0)
 torch.set_num_threads(1)  # every tensor here is small: one thread is steadier

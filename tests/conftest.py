@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# Without a GPU, the Triton kernels are tested under the interpreter. The variable must be
+# set before llmbook.inference.flash_triton is first imported, by whichever test gets there
+# first (test_architecture imports every module), so it is set here, for the whole session.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="module")

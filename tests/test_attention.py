@@ -1,4 +1,4 @@
-"""Tests for llmbook.attention: against PyTorch, Hugging Face, autograd and worked examples."""
+"""Tests for llmbook.transformer.attention: against PyTorch, Hugging Face, autograd and worked examples."""
 
 import math
 
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbook.attention import (
+from llmbook.transformer.attention import (
     MultiHeadAttention,
     attention_flops,
     attention_weights,
@@ -402,7 +402,7 @@ def test_mha_with_chapter_5_rotary_embedding_equals_transformers_llama():
     transformers = pytest.importorskip("transformers")
     from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
-    from llmbook.positional import RotaryEmbedding
+    from llmbook.transformer.positional import RotaryEmbedding
 
     g = torch.Generator().manual_seed(9)
     B, T, d, H, H_kv = 2, 9, 32, 4, 2

@@ -1,4 +1,4 @@
-"""Sliding-window masks, the rolling cache, and multi-head latent attention (llmbook.attention_variants)."""
+"""Sliding-window masks, the rolling cache, and multi-head latent attention (llmbook.inference.attention_variants)."""
 
 import pytest
 import torch
@@ -6,13 +6,17 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbook.attention import MultiHeadAttention, causal_mask, scaled_dot_product_attention
-from llmbook.attention_variants import (
+from llmbook.inference.attention_variants import (
     LatentCache,
     MultiHeadLatentAttention,
     RollingKVCache,
     sliding_window_decode,
     sliding_window_mask,
+)
+from llmbook.transformer.attention import (
+    MultiHeadAttention,
+    causal_mask,
+    scaled_dot_product_attention,
 )
 
 # ---------------------------------------------------------------- sliding window

@@ -1,4 +1,4 @@
-"""Tests for llmbook.autograd: the Value engine, the Value MLP, finite differences, gradcheck."""
+"""Tests for llmbook.training.autograd: the Value engine, the Value MLP, finite differences, gradcheck."""
 
 import math
 import sys
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbook.autograd import (
+from llmbook.training.autograd import (
     MLP,
     GradcheckError,
     Layer,

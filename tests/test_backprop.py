@@ -1,4 +1,4 @@
-"""Tests for llmbook.backprop: every hand-written backward pass equals torch.autograd."""
+"""Tests for llmbook.training.backprop: every hand-written backward pass equals torch.autograd."""
 
 import math
 
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbook.backprop import (
+from llmbook.training.backprop import (
     attention_backward,
     cross_entropy_backward,
     gelu_backward,

@@ -1,4 +1,4 @@
-"""Tests for llmbook.checkpoint: atomic writes, safe loading, clear errors."""
+"""Tests for llmbook.training.checkpoint: atomic writes, safe loading, clear errors."""
 
 import os
 import pickle
@@ -7,10 +7,15 @@ import pytest
 import torch
 from torch import nn
 
-import llmbook.checkpoint as ckpt
-from llmbook.checkpoint import atomic_save, load_checkpoint, read_checkpoint, save_checkpoint
-from llmbook.model import TransformerConfig, TransformerLM
-from llmbook.optim import AdamW
+import llmbook.training.checkpoint as ckpt
+from llmbook.training.checkpoint import (
+    atomic_save,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
+from llmbook.training.optim import AdamW
+from llmbook.transformer.model import TransformerConfig, TransformerLM
 
 
 def small_model(seed=0, d=16):

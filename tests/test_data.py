@@ -1,4 +1,4 @@
-"""Tests for llmbook.data: the Markov source, its stationary distribution and entropy rate."""
+"""Tests for llmbook.text.data: the Markov source, its stationary distribution and entropy rate."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbook.data import MarkovSource, as_token_array, context_ids, default_source
+from llmbook.text.data import MarkovSource, as_token_array, context_ids, default_source
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tests for llmbook.embedding: one-hot, lookup, gradients, tying, cosines, parameter counts."""
+"""Tests for llmbook.text.embedding: one-hot, lookup, gradients, tying, cosines, parameter counts."""
 
 import pytest
 import torch
@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbook.embedding import (
+from llmbook.text.embedding import (
     TokenEmbedding,
     cosine_similarity,
     embedding_grad,

@@ -1,4 +1,4 @@
-"""Tests for llmbook.flash: online softmax, the merge rule, tiled attention and its backward."""
+"""Tests for llmbook.inference.flash: online softmax, the merge rule, tiled attention and its backward."""
 
 import math
 
@@ -9,8 +9,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbook.attention import scaled_dot_product_attention
-from llmbook.flash import (
+from llmbook.inference.flash import (
     attention_hbm_accesses,
     flash_attention_backward_reference,
     flash_attention_reference,
@@ -19,6 +18,7 @@ from llmbook.flash import (
     peak_memory_bytes,
     softmax_state,
 )
+from llmbook.transformer.attention import scaled_dot_product_attention
 
 F64 = torch.float64
 

@@ -1,4 +1,4 @@
-"""Tests for llmbook.flash_triton: the Triton kernels, run on the CPU by the Triton interpreter.
+"""Tests for llmbook.inference.flash_triton: the Triton kernels, run on the CPU by the Triton interpreter.
 
 TRITON_INTERPRET=1 is set before the kernels are defined, so every kernel runs in NumPy;
 sizes are small (the interpreter executes each program in Python). On a machine with a
@@ -12,14 +12,14 @@ import torch
 import torch.nn.functional as F
 
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before llmbook.flash_triton defines kernels
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before llmbook.inference.flash_triton defines kernels
 
 pytest.importorskip("triton", reason="triton is not installed (Linux-only wheels); the Triton "
-                                     "kernels of llmbook.flash_triton cannot be tested")
+                                     "kernels of llmbook.inference.flash_triton cannot be tested")
 
-from llmbook import flash_triton  # noqa: E402
-from llmbook.attention import scaled_dot_product_attention  # noqa: E402
-from llmbook.flash import flash_attention_reference, flash_attention_triton  # noqa: E402
+from llmbook.inference import flash_triton  # noqa: E402
+from llmbook.inference.flash import flash_attention_reference, flash_attention_triton  # noqa: E402
+from llmbook.transformer.attention import scaled_dot_product_attention  # noqa: E402
 
 DEVICE = "cpu" if flash_triton.interpreted() else "cuda"
 
@@ -139,7 +139,7 @@ def test_kernels_compile_for_an_h100_without_one(tmp_path):
     import sys
 
     pytest.importorskip("triton.backends.nvidia", reason="triton has no NVIDIA backend here")
-    code = ("from llmbook.flash_triton import compile_for_gpu\n"
+    code = ("from llmbook.inference.flash_triton import compile_for_gpu\n"
             "ks = compile_for_gpu('fp16', head_dim=64, is_causal=True, capability=90)\n"
             "print(sorted(ks), all('cubin' in k.asm for k in ks.values()),\n"
             "      ks['forward'].asm['ptx'].count('wgmma') > 0)\n")

@@ -1,4 +1,4 @@
-"""Tests for llmbook.functional: softmax, log_softmax, logsumexp, cross_entropy, perplexity."""
+"""Tests for llmbook.text.functional: softmax, log_softmax, logsumexp, cross_entropy, perplexity."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from llmbook.functional import (
+from llmbook.text.functional import (
     cross_entropy,
     log_softmax,
     logsumexp,

@@ -1,4 +1,4 @@
-"""Tests for llmbook.gptq: the OBS update, GPTQ (naive and Cholesky), AWQ, whole models."""
+"""Tests for llmbook.inference.gptq: the OBS update, GPTQ (naive and Cholesky), AWQ, whole models."""
 
 import pytest
 import sympy as sp
@@ -6,8 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbook.data import default_source
-from llmbook.gptq import (
+from llmbook.inference.gptq import (
     awq_scale_search,
     gptq_quantize,
     gptq_quantize_naive,
@@ -17,9 +16,10 @@ from llmbook.gptq import (
     quantize_model,
     quantize_rtn,
 )
-from llmbook.model import TransformerConfig, TransformerLM
-from llmbook.pretrained import RECIPES, book_model
-from llmbook.train import evaluate, get_batch
+from llmbook.text.data import default_source
+from llmbook.training.pretrained import RECIPES, book_model
+from llmbook.training.train import evaluate, get_batch
+from llmbook.transformer.model import TransformerConfig, TransformerLM
 
 f64 = torch.float64
 

@@ -1,4 +1,4 @@
-"""Tests for llmbook.hf_loading: our model equals Hugging Face GPT-2, Llama and Qwen2."""
+"""Tests for llmbook.transformer.hf_loading: our model equals Hugging Face GPT-2, Llama and Qwen2."""
 
 import pytest
 import torch
@@ -13,8 +13,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from llmbook.hf_loading import config_from_hf, from_hf, randomize_parameters_
-from llmbook.model import TransformerLM
+from llmbook.transformer.hf_loading import config_from_hf, from_hf, randomize_parameters_
 
 
 def hf_model(family: str, tied: bool | None = None, impl: str = "eager") -> nn.Module:
@@ -46,7 +45,7 @@ def hf_model(family: str, tied: bool | None = None, impl: str = "eager") -> nn.M
 @pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
 def test_logits_equal_hugging_face(family, impl):
     hf = hf_model(family, impl=impl)
-    ours = TransformerLM.from_hf(hf).eval()
+    ours = from_hf(hf).eval()
     V = hf.config.vocab_size
     ids = torch.randint(0, V, (3, 13), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -61,7 +60,7 @@ def test_logits_equal_hugging_face(family, impl):
 @pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
 def test_logits_equal_in_float64(family):
     hf = hf_model(family).double()
-    ours = TransformerLM.from_hf(hf)
+    ours = from_hf(hf)
     assert ours.embed.weight.dtype == torch.float64
     ids = torch.randint(0, hf.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -75,7 +74,7 @@ def test_logits_equal_in_float64(family):
                                               ("llama", True), ("qwen2", True), ("qwen2", False)])
 def test_config_and_parameter_count(family, tied):
     hf = hf_model(family, tied=tied)
-    ours = TransformerLM.from_hf(hf)
+    ours = from_hf(hf)
     c = ours.config
     assert c.tie_embeddings == tied and (ours.lm_head is None) == tied
     assert ours.num_parameters() == sum(p.numel() for p in hf.parameters())
@@ -89,7 +88,7 @@ def test_config_and_parameter_count(family, tied):
 
 def test_weights_are_copied_not_shared():
     hf = hf_model("llama")
-    ours = TransformerLM.from_hf(hf)
+    ours = from_hf(hf)
     w = ours.blocks[0].attn.q_proj.weight
     assert torch.equal(w, hf.model.layers[0].self_attn.q_proj.weight)
     with torch.no_grad():
@@ -100,7 +99,7 @@ def test_weights_are_copied_not_shared():
 def test_gpt2_conv1d_split():
     """c_attn's (d, 3d) weight is three transposed (d, d) blocks, in q, k, v order."""
     hf = hf_model("gpt2")
-    ours = TransformerLM.from_hf(hf)
+    ours = from_hf(hf)
     W = hf.transformer.h[1].attn.c_attn.weight  # (72, 216)
     assert torch.equal(ours.blocks[1].attn.k_proj.weight, W[:, 72:144].T)
     assert torch.equal(ours.blocks[1].mlp.fc.weight, hf.transformer.h[1].mlp.c_fc.weight.T)

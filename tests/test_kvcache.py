@@ -1,11 +1,11 @@
-"""Tests of llmbook.kvcache and the cache path of TransformerLM / MultiHeadAttention."""
+"""Tests of llmbook.inference.kvcache and the cache path of TransformerLM / MultiHeadAttention."""
 
 import pytest
 import torch
 
-from llmbook.kvcache import KVCache, kv_cache_bytes
-from llmbook.model import TransformerConfig, TransformerLM
-from llmbook.sampling import generate
+from llmbook.inference.kvcache import KVCache, kv_cache_bytes
+from llmbook.inference.sampling import generate
+from llmbook.transformer.model import TransformerConfig, TransformerLM
 
 V = 37
 
@@ -120,7 +120,7 @@ def test_errors() -> None:
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_attention_with_cache_and_padding_mask(fused: bool) -> None:
-    from llmbook.attention import MultiHeadAttention
+    from llmbook.transformer.attention import MultiHeadAttention
 
     torch.manual_seed(0)
     attn = MultiHeadAttention(24, n_heads=6, n_kv_heads=3, fused=fused).eval()

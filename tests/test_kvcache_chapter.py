@@ -4,17 +4,17 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from llmbook.attention_variants import (
+from llmbook.inference.attention_variants import (
     decode_step_flops,
     generation_flops,
     kv_cache_bytes_per_token,
     mla_cache_bytes_per_token,
 )
-from llmbook.kvcache import KVCache, kv_cache_bytes
-from llmbook.model import TransformerConfig, TransformerLM
-from llmbook.pretrained import book_model
-from llmbook.sampling import generate
-from llmbook.sizing import flops_per_token
+from llmbook.inference.kvcache import KVCache, kv_cache_bytes
+from llmbook.inference.sampling import generate
+from llmbook.training.pretrained import book_model
+from llmbook.transformer.model import TransformerConfig, TransformerLM
+from llmbook.transformer.sizing import flops_per_token
 
 
 def small_config(**overrides) -> TransformerConfig:

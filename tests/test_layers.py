@@ -1,4 +1,4 @@
-"""Tests for llmbook.layers: LayerNorm, RMSNorm, their Jacobians, GELU, SiLU, MLP, SwiGLU."""
+"""Tests for llmbook.transformer.layers: LayerNorm, RMSNorm, their Jacobians, GELU, SiLU, MLP, SwiGLU."""
 
 import math
 
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbook.layers import (
+from llmbook.transformer.layers import (
     ACTIVATIONS,
     MLP,
     LayerNorm,

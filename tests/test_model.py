@@ -1,4 +1,4 @@
-"""Tests for llmbook.model: the configuration, the decoder block and TransformerLM."""
+"""Tests for llmbook.transformer.model: the configuration, the decoder block and TransformerLM."""
 
 import math
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.func import functional_call
 
-from llmbook.model import DecoderBlock, TransformerConfig, TransformerLM
+from llmbook.transformer.model import DecoderBlock, TransformerConfig, TransformerLM
 
 
 def tiny(style: str = "llama", **kw) -> TransformerConfig:

@@ -1,4 +1,4 @@
-"""Tests for llmbook.ngram: counts, add-k smoothing, and convergence to the entropy rate."""
+"""Tests for llmbook.text.ngram: counts, add-k smoothing, and convergence to the entropy rate."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbook.data import default_source
-from llmbook.ngram import NGramModel
+from llmbook.text.data import default_source
+from llmbook.text.ngram import NGramModel
 
 
 def test_bigram_worked_example() -> None:

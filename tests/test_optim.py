@@ -1,4 +1,4 @@
-"""Tests for llmbook.optim: SGD, Adam, AdamW, the warmup-cosine schedule and gradient clipping."""
+"""Tests for llmbook.training.optim: SGD, Adam, AdamW, the warmup-cosine schedule and gradient clipping."""
 
 import copy
 import io
@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from llmbook.attention import MultiHeadAttention
-from llmbook.data import default_source
-from llmbook.embedding import TokenEmbedding
-from llmbook.layers import MLP, LayerNorm
-from llmbook.optim import SGD, Adam, AdamW, clip_grad_norm_, cosine_schedule, set_lr
+from llmbook.text.data import default_source
+from llmbook.text.embedding import TokenEmbedding
+from llmbook.training.optim import SGD, Adam, AdamW, clip_grad_norm_, cosine_schedule, set_lr
+from llmbook.transformer.attention import MultiHeadAttention
+from llmbook.transformer.layers import MLP, LayerNorm
 
 V, T, D, H, B = 16, 8, 12, 2, 6  # d != T != V, so a transposed axis cannot hide
 N_STEPS = 100

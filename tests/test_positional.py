@@ -1,4 +1,4 @@
-"""Tests for llmbook.positional: sinusoidal, learned, rotary (RoPE) and ALiBi positions."""
+"""Tests for llmbook.transformer.positional: sinusoidal, learned, rotary (RoPE) and ALiBi positions."""
 
 import math
 
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbook.positional import (
+from llmbook.transformer.positional import (
     LearnedPositions,
     RotaryEmbedding,
     alibi_bias,

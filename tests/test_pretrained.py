@@ -1,4 +1,4 @@
-"""Tests for llmbook.pretrained: the book's shipped models, retraining them, and sampling."""
+"""Tests for llmbook.training.pretrained: the book's shipped models, retraining them, and sampling."""
 
 import os
 import time
@@ -6,9 +6,8 @@ import time
 import pytest
 import torch
 
-from llmbook.data import default_source
-from llmbook.model import TransformerConfig, TransformerLM
-from llmbook.pretrained import (
+from llmbook.text.data import default_source
+from llmbook.training.pretrained import (
     RECIPES,
     book_model,
     generate,
@@ -17,7 +16,8 @@ from llmbook.pretrained import (
     recipe_hash,
     sample_text,
 )
-from llmbook.train import evaluate
+from llmbook.training.train import evaluate
+from llmbook.transformer.model import TransformerConfig, TransformerLM
 
 
 def test_synthetic_book_model_is_within_3_percent_of_the_entropy_rate():
@@ -54,7 +54,7 @@ def test_shipped_models_load_in_seconds_without_training(kind):
 
 @pytest.mark.parametrize("kind", ["synthetic", "text"])
 def test_the_reported_validation_loss_is_what_the_shipped_weights_give(kind):
-    from llmbook.pretrained import _synthetic_data, _text_data
+    from llmbook.training.pretrained import _synthetic_data, _text_data
 
     model, info = book_model(kind)
     recipe = RECIPES[kind]
@@ -80,6 +80,8 @@ def test_retraining_the_synthetic_model_reaches_the_shipped_loss(one_thread):
     _, shipped = book_model("synthetic")
     model, info = book_model("synthetic", retrain=True)
     assert info["trained_now"] is True
+    print(f"\nsynthetic: retrained {info['val_loss']:.4f}, shipped {shipped['val_loss']:.4f} "
+          f"nats/token")
     assert abs(info["val_loss"] - shipped["val_loss"]) / shipped["val_loss"] < 0.005
     assert info["val_loss_over_entropy_rate"] < 1.03
 
@@ -90,6 +92,8 @@ def test_retraining_the_synthetic_model_reaches_the_shipped_loss(one_thread):
 def test_retraining_the_text_model_reaches_the_shipped_loss():
     _, shipped = book_model("text")
     _, info = book_model("text", retrain=True)
+    print(f"\ntext: retrained {info['val_loss']:.4f} nats/token, {info['val_bits_per_byte']:.4f} "
+          f"bits/byte; shipped {shipped['val_loss']:.4f}, {shipped['val_bits_per_byte']:.4f}")
     assert abs(info["val_loss"] - shipped["val_loss"]) < 0.03  # nats/token
     assert abs(info["val_bits_per_byte"] - shipped["val_bits_per_byte"]) < 0.02
 

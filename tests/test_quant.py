@@ -1,4 +1,4 @@
-"""Tests for llmbook.quant: uniform quantisers, int8 matmul, QuantLinear, NF4."""
+"""Tests for llmbook.inference.quant: uniform quantisers, int8 matmul, QuantLinear, NF4."""
 
 import pytest
 import sympy as sp
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from llmbook.quant import (
+from llmbook.inference.quant import (
     QuantizedTensor,
     QuantLinear,
     accumulator_overflow_length,

@@ -1,4 +1,4 @@
-"""Tests of llmbook.sampling: the filters, generate, beam search, speculative sampling."""
+"""Tests of llmbook.inference.sampling: the filters, generate, beam search, speculative sampling."""
 
 import itertools
 import math
@@ -9,8 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbook.model import TransformerConfig, TransformerLM
-from llmbook.sampling import (
+from llmbook.inference.sampling import (
     BigramLM,
     apply_temperature,
     beam_search,
@@ -26,6 +25,7 @@ from llmbook.sampling import (
     top_k_filter,
     top_p_filter,
 )
+from llmbook.transformer.model import TransformerConfig, TransformerLM
 
 Z = torch.tensor([-0.336, 0.261, 0.260, -0.004, 0.341], dtype=torch.float64)
 

@@ -1,4 +1,4 @@
-"""Tests for llmbook.scaling: power-law fits, C = 6ND, Chinchilla's compute-optimal allocation."""
+"""Tests for llmbook.training.scaling: power-law fits, C = 6ND, Chinchilla's compute-optimal allocation."""
 
 import math
 
@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from llmbook.model import TransformerConfig, TransformerLM
-from llmbook.scaling import (
+from llmbook.training.scaling import (
     CHINCHILLA_CONSTANTS,
     ChinchillaConstants,
     PowerLawFit,
@@ -25,7 +24,8 @@ from llmbook.scaling import (
     tokens_per_parameter,
     training_flops,
 )
-from llmbook.sizing import flops_per_token, flops_per_token_symbolic, parameter_shares
+from llmbook.transformer.model import TransformerConfig, TransformerLM
+from llmbook.transformer.sizing import flops_per_token, flops_per_token_symbolic, parameter_shares
 
 BUDGETS = [1e18, 1e19, 1e20, 1e21, 1e22, 5.76e23, 1e24, 1e25]
 

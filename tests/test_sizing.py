@@ -1,4 +1,4 @@
-"""Tests for llmbook.sizing: closed-form parameter counts and FLOPs equal the real ones."""
+"""Tests for llmbook.transformer.sizing: closed-form parameter counts and FLOPs equal the real ones."""
 
 import pytest
 import sympy as sp
@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
-from llmbook.model import TransformerConfig, TransformerLM
-from llmbook.sizing import (
+from llmbook.transformer.hf_loading import from_hf
+from llmbook.transformer.model import TransformerConfig, TransformerLM
+from llmbook.transformer.sizing import (
     count_parameters,
     count_parameters_symbolic,
     flops_per_token,
@@ -74,7 +75,7 @@ def test_qwen2_0_5b_on_meta_device():
                       rope_parameters={"rope_type": "default", "rope_theta": 1e6})
     with torch.device("meta"):
         hf = Qwen2ForCausalLM(cfg)
-        ours = TransformerLM.from_hf(hf)
+        ours = from_hf(hf)
     c = ours.config
     assert n_params(hf) == n_params(ours) == count_parameters(c) == 494_032_768
     assert c == TransformerConfig.qwen2_style()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from llmbook.corpus import load_stdlib_docs
-from llmbook.tokenizer import BPETokenizer, count_pretokens, train_bpe
+from llmbook.text.corpus import load_stdlib_docs
+from llmbook.text.tokenizer import BPETokenizer, count_pretokens, train_bpe
 
 PATH = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "01_tokens.py"
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from solution_loader import load_solutions
 
-from llmbook.embedding import embedding_parameter_count
+from llmbook.text.embedding import embedding_parameter_count
 
 solutions = load_solutions("02_embeddings")
 

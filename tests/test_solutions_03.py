@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from solution_loader import load_solutions
 
-from llmbook.data import default_source
-from llmbook.ngram import NGramModel
+from llmbook.text.data import default_source
+from llmbook.text.ngram import NGramModel
 
 solutions = load_solutions("03_language_modelling")
 

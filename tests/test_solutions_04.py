@@ -7,7 +7,7 @@ import sympy as sp
 import torch
 from solution_loader import load_solutions
 
-from llmbook.attention import MultiHeadAttention, causal_mask
+from llmbook.transformer.attention import MultiHeadAttention, causal_mask
 
 solutions = load_solutions("04_attention")
 
@@ -79,7 +79,7 @@ def test_exercise_3_mha_to_gqa():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_exercise_4_attention_backward_matches_autograd(causal):
-    from llmbook.attention import scaled_dot_product_attention
+    from llmbook.transformer.attention import scaled_dot_product_attention
 
     g = torch.Generator().manual_seed(3)
     q = torch.randn(2, 3, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)

@@ -7,7 +7,7 @@ import sympy as sp
 import torch
 from solution_loader import load_solutions
 
-from llmbook.positional import (
+from llmbook.transformer.positional import (
     RotaryEmbedding,
     rope_permutation,
     sinusoidal_positions,

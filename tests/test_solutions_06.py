@@ -6,7 +6,7 @@ import sympy as sp
 import torch
 from solution_loader import load_solutions
 
-from llmbook.layers import layer_norm_jacobian
+from llmbook.transformer.layers import layer_norm_jacobian
 
 solutions = load_solutions("06_norms_ffn")
 

@@ -6,9 +6,9 @@ import torch
 from solution_loader import load_solutions
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from llmbook.hf_loading import randomize_parameters_
-from llmbook.model import TransformerConfig, TransformerLM
-from llmbook.sizing import count_parameters, flops_per_token, flops_shares
+from llmbook.transformer.hf_loading import from_hf, randomize_parameters_
+from llmbook.transformer.model import TransformerConfig, TransformerLM
+from llmbook.transformer.sizing import count_parameters, flops_per_token, flops_shares
 
 solutions = load_solutions("07_decoder")
 
@@ -31,7 +31,7 @@ def test_exercise_2_interleaved_rope(family):
     hf = cls(cfg(vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32))
     randomize_parameters_(hf, 0.1, torch.Generator().manual_seed(1))
-    half = TransformerLM.from_hf(hf).double()
+    half = from_hf(hf).double()
     inter = solutions.interleave_rope(half)
     assert inter.config.rope_interleaved and not half.config.rope_interleaved
     assert not torch.equal(inter.blocks[0].attn.q_proj.weight, half.blocks[0].attn.q_proj.weight)

@@ -8,8 +8,8 @@ import sympy as sp
 import torch
 from solution_loader import load_solutions
 
-from llmbook.autograd import MLP, Value, mse_loss
-from llmbook.layers import RMSNorm
+from llmbook.training.autograd import MLP, Value, mse_loss
+from llmbook.transformer.layers import RMSNorm
 
 solutions = load_solutions("08_backpropagation")
 

@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from solution_loader import load_solutions
 from torch import nn
 
-from llmbook.data import default_source
-from llmbook.embedding import TokenEmbedding
-from llmbook.layers import MLP
-from llmbook.optim import SGD, Adam, AdamW, cosine_schedule, set_lr
+from llmbook.text.data import default_source
+from llmbook.text.embedding import TokenEmbedding
+from llmbook.training.optim import SGD, Adam, AdamW, cosine_schedule, set_lr
+from llmbook.transformer.layers import MLP
 
 solutions = load_solutions("09_optimisers")
 

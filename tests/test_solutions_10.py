@@ -7,11 +7,11 @@ import pytest
 import torch
 from solution_loader import load_solutions
 
-from llmbook.data import MarkovSource, default_source
-from llmbook.model import TransformerConfig, TransformerLM
-from llmbook.optim import AdamW
-from llmbook.pretrained import RECIPES, book_model
-from llmbook.train import get_batch, param_groups, train_step
+from llmbook.text.data import MarkovSource, default_source
+from llmbook.training.optim import AdamW
+from llmbook.training.pretrained import RECIPES, book_model
+from llmbook.training.train import get_batch, param_groups, train_step
+from llmbook.transformer.model import TransformerConfig, TransformerLM
 
 solutions = load_solutions("10_training")
 

@@ -7,7 +7,7 @@ import pytest
 import sympy as sp
 from solution_loader import load_solutions
 
-from llmbook.scaling import (
+from llmbook.training.scaling import (
     CHINCHILLA_CONSTANTS,
     chinchilla_loss,
     compute_optimal,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from solution_loader import load_solutions
 
-from llmbook.sampling import top_p_filter
+from llmbook.inference.sampling import top_p_filter
 
 solutions = load_solutions("12_decoding")
 

@@ -4,9 +4,9 @@
 import pytest
 from solution_loader import load_solutions
 
-from llmbook.model import TransformerConfig
-from llmbook.pretrained import RECIPES
-from llmbook.sizing import flops_shares
+from llmbook.training.pretrained import RECIPES
+from llmbook.transformer.model import TransformerConfig
+from llmbook.transformer.sizing import flops_shares
 
 solutions = load_solutions("13_kv_cache")
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from solution_loader import load_solutions
 
-from llmbook.flash import attention_hbm_accesses
+from llmbook.inference.flash import attention_hbm_accesses
 
 solutions = load_solutions("14_flash_attention")
 

@@ -6,7 +6,7 @@ import sympy as sp
 import torch
 from solution_loader import load_solutions
 
-from llmbook.gptq import gptq_quantize, hessian_from_inputs, layer_output_error
+from llmbook.inference.gptq import gptq_quantize, hessian_from_inputs, layer_output_error
 
 solutions = load_solutions("15_quantisation")
 

@@ -1,4 +1,4 @@
-"""Unit tests of llmbook.tokenizer: worked examples, properties, bad input (notebooks/01_tokens)."""
+"""Unit tests of llmbook.text.tokenizer: worked examples, properties, bad input (notebooks/01_tokens)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbook.corpus import load_stdlib_docs, stdlib_docs_path
-from llmbook.tokenizer import (
+from llmbook.text.corpus import load_stdlib_docs, stdlib_docs_path
+from llmbook.text.tokenizer import (
     BPETokenizer,
     bytes_to_unicode,
     count_pairs,

@@ -1,4 +1,4 @@
-"""llmbook.tokenizer against Hugging Face ``tokenizers`` and ``transformers`` (notebooks/01_tokens).
+"""llmbook.text.tokenizer against Hugging Face ``tokenizers`` and ``transformers`` (notebooks/01_tokens).
 
 No downloads: the peers are built locally from our own vocabulary and merges, or
 trained locally on the shipped corpus.
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbook.corpus import load_stdlib_docs
-from llmbook.tokenizer import BPETokenizer, hf_tokenizer_from_bpe, train_bpe, train_hf_bpe
+from llmbook.text.corpus import load_stdlib_docs
+from llmbook.text.tokenizer import BPETokenizer, hf_tokenizer_from_bpe, train_bpe, train_hf_bpe
 
 EOT = "<|endoftext|>"
 SPECIALS = [EOT, "<|pad|>"]

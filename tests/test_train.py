@@ -1,4 +1,4 @@
-"""Tests for llmbook.train: batches, token files, the config, evaluation, the loop, exact resume."""
+"""Tests for llmbook.training.train: batches, token files, the config, evaluation, the loop, exact resume."""
 
 import numpy as np
 import pytest
@@ -7,10 +7,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbook.data import default_source
-from llmbook.model import TransformerConfig, TransformerLM
-from llmbook.optim import cosine_schedule
-from llmbook.train import (
+from llmbook.text.data import default_source
+from llmbook.training.optim import cosine_schedule
+from llmbook.training.train import (
     TrainConfig,
     TrainHistory,
     evaluate,
@@ -21,6 +20,7 @@ from llmbook.train import (
     train,
     train_step,
 )
+from llmbook.transformer.model import TransformerConfig, TransformerLM
 
 V, T = 16, 12
 
@@ -180,7 +180,7 @@ def test_param_groups_decay_matrices_only():
 
 def test_train_step_loss_is_cross_entropy_and_clips(data):
     model = tiny_model()
-    from llmbook.optim import AdamW
+    from llmbook.training.optim import AdamW
 
     opt = AdamW(param_groups(model, 0.0), lr=1e-3)
     x, y = get_batch(data[0], 5, T, generator=torch.Generator().manual_seed(0))

@@ -7,7 +7,7 @@ import torch
 from sympy.stats import Beta
 from sympy.stats import E as expectation
 
-from llmbook.embedding import embedding_grad, pairwise_cosine
+from llmbook.text.embedding import embedding_grad, pairwise_cosine
 
 
 def nearest_neighbours(E: torch.Tensor, i: int, k: int) -> list[int]:

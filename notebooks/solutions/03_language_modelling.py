@@ -9,8 +9,8 @@ import numpy as np
 import sympy as sp
 import torch
 
-from llmbook.data import MarkovSource
-from llmbook.functional import log_softmax, softmax
+from llmbook.text.data import MarkovSource
+from llmbook.text.functional import log_softmax, softmax
 
 
 def cross_entropy_hessian_symbolic(v: int = 3) -> tuple[sp.Matrix, sp.Matrix]:

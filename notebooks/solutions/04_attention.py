@@ -7,7 +7,7 @@ import math
 import sympy as sp
 import torch
 
-from llmbook.attention import MultiHeadAttention, attention_weights
+from llmbook.transformer.attention import MultiHeadAttention, attention_weights
 
 
 def padding_mask(lengths: torch.Tensor, T: int) -> torch.Tensor:

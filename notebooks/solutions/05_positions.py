@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from llmbook.positional import rope_frequencies, rope_permutation, sinusoidal_positions
+from llmbook.transformer.positional import rope_frequencies, rope_permutation, sinusoidal_positions
 
 
 def sinusoidal_dot(offset: int, d_model: int, base: float = 10000.0) -> float:

@@ -7,7 +7,7 @@ import math
 import sympy as sp
 import torch
 
-from llmbook.layers import RMSNorm, gelu, rms_norm_jacobian
+from llmbook.transformer.layers import RMSNorm, gelu, rms_norm_jacobian
 
 
 def layer_norm_via_rms_norm(

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from llmbook.model import TransformerLM
-from llmbook.positional import rope_permutation
-from llmbook.sizing import flops_shares
+from llmbook.transformer.model import TransformerLM
+from llmbook.transformer.positional import rope_permutation
+from llmbook.transformer.sizing import flops_shares
 
 
 def width_for_budget(n_params: int = 350_000_000, n_layers: int = 24, vocab_size: int = 50257,

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import sympy as sp
 import torch
 
-from llmbook.autograd import MLP, Value
+from llmbook.training.autograd import MLP, Value
 
 # ---------------------------------------------------------------- exercise 1
 
@@ -171,7 +171,7 @@ def mlp_mse(params: Sequence, sizes: Sequence[int], X: Sequence[Sequence[float]]
             y: Sequence[float]):
     """The mean squared error of a tanh MLP (last layer linear) for any number type.
 
-    ``params`` lists the parameters in the order of ``llmbook.autograd.MLP.parameters()``:
+    ``params`` lists the parameters in the order of ``llmbook.training.autograd.MLP.parameters()``:
     layer by layer, neuron by neuron, the n_in weights then the bias.
     """
     loss = 0.0

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from llmbook.optim import cosine_schedule
+from llmbook.training.optim import cosine_schedule
 
 # ---------------------------------------------------------------- exercise 1
 

@@ -6,10 +6,10 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from llmbook.data import MarkovSource
-from llmbook.functional import cross_entropy
-from llmbook.optim import clip_grad_norm_, set_lr
-from llmbook.train import get_batch
+from llmbook.text.data import MarkovSource
+from llmbook.text.functional import cross_entropy
+from llmbook.training.optim import clip_grad_norm_, set_lr
+from llmbook.training.train import get_batch
 
 # ---------------------------------------------------------------- exercise 1
 

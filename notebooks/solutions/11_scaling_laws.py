@@ -7,7 +7,7 @@ import math
 import numpy as np
 import sympy as sp
 
-from llmbook.scaling import (
+from llmbook.training.scaling import (
     ChinchillaConstants,
     chinchilla_loss,
     compute_optimal,

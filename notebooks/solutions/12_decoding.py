@@ -7,9 +7,9 @@ import math
 import torch
 from torch import Tensor
 
-from llmbook.kvcache import kv_cache_bytes
-from llmbook.model import TransformerConfig
-from llmbook.sampling import apply_temperature, expected_tokens_per_step
+from llmbook.inference.kvcache import kv_cache_bytes
+from llmbook.inference.sampling import apply_temperature, expected_tokens_per_step
+from llmbook.transformer.model import TransformerConfig
 
 
 def min_p_filter(logits: Tensor, p_min: float) -> Tensor:

@@ -6,9 +6,9 @@ import math
 
 import torch
 
-from llmbook.attention_variants import sliding_window_mask
-from llmbook.model import TransformerConfig
-from llmbook.sizing import flops_per_token
+from llmbook.inference.attention_variants import sliding_window_mask
+from llmbook.transformer.model import TransformerConfig
+from llmbook.transformer.sizing import flops_per_token
 
 
 def max_batch(budget_bytes: int, n_layers: int, n_kv_heads: int, d_head: int, seq_len: int,

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from llmbook.flash import attention_hbm_accesses, merge_softmax_states, softmax_state
+from llmbook.inference.flash import attention_hbm_accesses, merge_softmax_states, softmax_state
 
 # ---------------------------------------------------------------- exercise 1
 
@@ -65,7 +65,7 @@ def split_kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def min_sram_for_saving(T: int, d: int, ratio: float) -> int:
     """Exercise 3: the smallest SRAM (a power of two, in elements) at which the tiled forward
     moves at most 1/ratio of the standard algorithm's HBM traffic, per
-    :func:`llmbook.flash.attention_hbm_accesses`. Starts at 4 d, the least that works."""
+    :func:`llmbook.inference.flash.attention_hbm_accesses`. Starts at 4 d, the least that works."""
     sram = 1 << (4 * d - 1).bit_length()  # the smallest power of two >= 4 d
     while True:
         counts = attention_hbm_accesses(T, d, sram)

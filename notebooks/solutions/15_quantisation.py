@@ -11,8 +11,8 @@ import sympy as sp
 import torch
 from torch import Tensor
 
-from llmbook.gptq import gptq_quantize
-from llmbook.quant import dequantize, fake_quantize, quantize_absmax, quantize_nf4
+from llmbook.inference.gptq import gptq_quantize
+from llmbook.inference.quant import dequantize, fake_quantize, quantize_absmax, quantize_nf4
 
 f64 = torch.float64
 

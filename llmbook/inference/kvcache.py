@@ -7,7 +7,7 @@ of recomputing them for the whole prefix at every step, a :class:`KVCache` keeps
 each step computes queries, keys and values for the *new* tokens only, appends the keys
 and values, and attends over everything cached. The new queries are the last T of the
 T_k cached positions, so the causal mask is bottom-right aligned
-(:func:`llmbook.attention.causal_mask` with ``offset = T_k - T``).
+(:func:`llmbook.transformer.attention.causal_mask` with ``offset = T_k - T``).
 
 The buffers are preallocated, (B, H_kv, T_max, d_head) per layer for keys and values
 alike, so the memory is
@@ -33,7 +33,7 @@ def kv_cache_bytes(config: Any, batch_size: int, seq_len: int,
                    dtype: torch.dtype = torch.float32) -> int:
     """Bytes of a KV cache for ``seq_len`` positions: 2 L B T H_kv d_head bytes(dtype).
 
-    ``config`` is a :class:`~llmbook.model.TransformerConfig` (``n_layers``, ``n_kv_heads``,
+    ``config`` is a :class:`~llmbook.transformer.model.TransformerConfig` (``n_layers``, ``n_kv_heads``,
     ``d_head``). The factor 2 counts keys and values.
     """
     batch_size = check_positive_int("batch_size", batch_size)
@@ -71,7 +71,7 @@ class KVCache:
 
     @classmethod
     def for_model(cls, model: Any, batch_size: int, max_seq_len: int | None = None) -> KVCache:
-        """An empty cache shaped for ``model`` (a :class:`~llmbook.model.TransformerLM`), on its
+        """An empty cache shaped for ``model`` (a :class:`~llmbook.transformer.model.TransformerLM`), on its
         device and in its dtype; ``max_seq_len`` defaults to the model's context length."""
         c = model.config
         T_max = c.max_seq_len if max_seq_len is None else check_positive_int("max_seq_len",

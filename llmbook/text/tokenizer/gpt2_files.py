@@ -4,7 +4,7 @@ Introduced in notebooks/01_tokens. OpenAI released GPT-2's tokenizer (Radford et
 al., 2019) as two files, and many later models reuse the format:
 
 * ``encoder.json``: a JSON object mapping each token, written in GPT-2's printable
-  byte alphabet (:func:`~llmbook.tokenizer.pretokenize.bytes_to_unicode`), to its id;
+  byte alphabet (:func:`~llmbook.text.tokenizer.pretokenize.bytes_to_unicode`), to its id;
   special tokens such as ``"<|endoftext|>"`` appear as their plain text.
 * ``vocab.bpe``: a ``#version: 0.2`` header line, then one merge per line, the two
   tokens in the same alphabet separated by one space, earliest (lowest rank) first.
@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from llmbook.tokenizer.pretokenize import (
+from llmbook.text.tokenizer.pretokenize import (
     gpt2_string_to_token,
     token_to_gpt2_string,
     validate_special_tokens,

@@ -30,7 +30,7 @@ Contents:
   P = exp(S - L) from L instead of storing it;
 * :func:`attention_hbm_accesses` - the IO counts of Dao et al.'s Theorem 2 for one head;
 * :func:`peak_memory_bytes` - the peak of tensor memory allocated while a function runs;
-* :func:`flash_attention_triton` - the Triton kernels of :mod:`llmbook.flash_triton`,
+* :func:`flash_attention_triton` - the Triton kernels of :mod:`llmbook.inference.flash_triton`,
   imported only when called.
 """
 
@@ -354,14 +354,14 @@ def peak_memory_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
 def flash_attention_triton(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
                            scale: float | None = None, block_m: int | None = None,
                            block_n: int | None = None) -> Tensor:
-    """FlashAttention-2 as Triton kernels, differentiable: see :mod:`llmbook.flash_triton`.
+    """FlashAttention-2 as Triton kernels, differentiable: see :mod:`llmbook.inference.flash_triton`.
 
     q, k, v (..., T, d) in float32, float16 or bfloat16 with equal leading dimensions and
     d_k = d_v; returns softmax(scale q k^T) v (..., T_q, d). The forward kernel saves the
     log-sum-exp of each row, the backward kernels recompute P from it. Needs ``triton``
     (Linux); on the CPU, set ``TRITON_INTERPRET=1`` before the first import of triton.
     """
-    from llmbook import flash_triton  # imported here, so this module works without triton
+    from llmbook.inference import flash_triton  # imported here, so this module works without triton
 
     return flash_triton.flash_attention(q, k, v, is_causal=is_causal, scale=scale,
                                         block_m=block_m, block_n=block_n)

@@ -1,4 +1,4 @@
-"""Closed-form parameter counts and forward FLOPs of a :class:`~llmbook.model.TransformerLM`.
+"""Closed-form parameter counts and forward FLOPs of a :class:`~llmbook.transformer.model.TransformerLM`.
 
 Introduced in notebooks/07_decoder, where both formulas are derived in SymPy and checked
 against real models (ours and Hugging Face's, on the meta device for large shapes) and
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import sympy as sp
 
-from llmbook.model import TransformerConfig
+from llmbook.transformer.model import TransformerConfig
 
 __all__ = [
     "count_parameters",

@@ -9,10 +9,10 @@ Introduced in notebooks/01_tokens. The modules, each adding one idea:
 * :mod:`.hf_peer`: Hugging Face ``tokenizers`` set up as the independent check.
 """
 
-from llmbook.tokenizer.encode import BPETokenizer
-from llmbook.tokenizer.gpt2_files import read_gpt2_files, write_gpt2_files
-from llmbook.tokenizer.hf_peer import hf_tokenizer_from_bpe, train_hf_bpe
-from llmbook.tokenizer.pretokenize import (
+from llmbook.text.tokenizer.encode import BPETokenizer
+from llmbook.text.tokenizer.gpt2_files import read_gpt2_files, write_gpt2_files
+from llmbook.text.tokenizer.hf_peer import hf_tokenizer_from_bpe, train_hf_bpe
+from llmbook.text.tokenizer.pretokenize import (
     GPT2_SPLIT_PATTERN,
     bytes_to_unicode,
     gpt2_string_to_token,
@@ -21,7 +21,7 @@ from llmbook.tokenizer.pretokenize import (
     token_to_gpt2_string,
     unicode_to_bytes,
 )
-from llmbook.tokenizer.train import (
+from llmbook.text.tokenizer.train import (
     count_pairs,
     count_pretokens,
     load_text,

@@ -12,7 +12,7 @@ Introduced in notebooks/10_training. The pieces, in the order a run uses them:
 * :func:`train_step`: one update: forward, cross-entropy (nats), backward, clipping, step;
 * :func:`evaluate`: the mean validation cross-entropy, without gradients;
 * :func:`train`: the loop, with the warmup + cosine schedule of chapter 9, logging,
-  periodic checkpoints (:mod:`llmbook.checkpoint`) and exact resumption.
+  periodic checkpoints (:mod:`llmbook.training.checkpoint`) and exact resumption.
 
 The objective is the maximum-likelihood one of chapter 3: minimise the mean of
 -log p_theta(x_{t+1} | x_{<=t}) over every position of every window.
@@ -34,14 +34,14 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from tqdm.std import tqdm
 
-from llmbook.checkpoint import (
+from llmbook.text.functional import cross_entropy
+from llmbook.training.checkpoint import (
     check_state_dict,
     load_checkpoint,
     read_checkpoint,
     save_checkpoint,
 )
-from llmbook.functional import cross_entropy
-from llmbook.optim import AdamW, clip_grad_norm_, cosine_schedule, set_lr
+from llmbook.training.optim import AdamW, clip_grad_norm_, cosine_schedule, set_lr
 
 __all__ = [
     "TrainConfig",
@@ -293,7 +293,7 @@ def train_step(model: nn.Module, optimizer: Optimizer, x: Tensor, y: Tensor, lr:
     """One update on the batch ``x, y`` (both ``(B, T)``); returns (loss, gradient norm).
 
     The loss is the mean cross-entropy -log softmax(z)[y] over all B * T positions, in
-    nats, computed by the book's :func:`llmbook.functional.cross_entropy` (chapter 3);
+    nats, computed by the book's :func:`llmbook.text.functional.cross_entropy` (chapter 3);
     the norm is the global gradient norm before clipping (None without clipping).
     """
     set_lr(optimizer, lr)
@@ -353,7 +353,7 @@ def train(model: nn.Module, train_tokens: TokenArray, val_tokens: TokenArray | N
           ) -> TrainHistory:
     """Train ``model`` (ids (B, T) -> logits (B, T, V)) on ``train_tokens``; return its history.
 
-    AdamW (:mod:`llmbook.optim`) with :func:`param_groups`, learning rate
+    AdamW (:mod:`llmbook.training.optim`) with :func:`param_groups`, learning rate
     ``cosine_schedule(step, lr, min_lr, warmup_steps, steps)``, clipping at
     ``grad_clip``, one :func:`train_step` per batch from :func:`get_batch` with a
     generator seeded by ``config.seed``. Validation (when ``val_tokens`` is given) uses
@@ -448,7 +448,7 @@ def _resume(path: str | os.PathLike, model: nn.Module, optimizer: Optimizer,
     payload = read_checkpoint(path)
     extra = payload["extra"]
     if not {"batch_rng", "torch_rng", "history", "config"} <= set(extra):
-        raise ValueError(f"checkpoint {path} was not written by llmbook.train.train "
+        raise ValueError(f"checkpoint {path} was not written by llmbook.training.train.train "
                          f"(it lacks the RNG states and history needed to resume)")
     saved = extra["config"]
     changed = [k for k, v in config.to_dict().items()

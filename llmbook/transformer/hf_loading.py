@@ -5,7 +5,7 @@ switches, so loading one is two steps: read the switches from the Hugging Face c
 (:func:`config_from_hf`), then copy every tensor to its place (:func:`from_hf`).
 
 * **Llama / Qwen2** (``LlamaForCausalLM``, ``Qwen2ForCausalLM``): the module names of
-  :class:`~llmbook.model.TransformerLM` follow theirs (``q_proj`` ... ``down_proj``), so
+  :class:`~llmbook.transformer.model.TransformerLM` follow theirs (``q_proj`` ... ``down_proj``), so
   ``model.layers.{l}.self_attn.q_proj.weight`` goes to ``blocks.{l}.attn.q_proj.weight``
   unchanged. The rotary tables use the half-split pairing of these checkpoints.
 * **GPT-2** (``GPT2LMHeadModel``): its linear layers are ``Conv1D`` modules that compute
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from llmbook.model import TransformerConfig, TransformerLM
+from llmbook.transformer.model import TransformerConfig, TransformerLM
 
 __all__ = ["config_from_hf", "from_hf", "randomize_parameters_"]
 

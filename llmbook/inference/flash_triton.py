@@ -5,7 +5,7 @@ Faster Attention with Better Parallelism and Work Partitioning"), Algorithms 1 a
 
 * forward: one program per (batch x head, block of BLOCK_M queries). It keeps the
   block of Q, the running max m, normaliser l and unnormalised output in registers and
-  loops over blocks of BLOCK_N keys with the online softmax (:mod:`llmbook.flash`); it
+  loops over blocks of BLOCK_N keys with the online softmax (:mod:`llmbook.inference.flash`); it
   writes O and the log-sum-exp L = m + log l of every row, nothing of size T^2;
 * backward: D = rowsum(dO * O) first; then one program per key block accumulates dK and dV
   over the query blocks, and one program per query block accumulates dQ over the key
@@ -33,8 +33,8 @@ try:
     import triton.language as tl
 except ImportError as exc:  # pragma: no cover - depends on the platform
     raise ImportError(
-        "llmbook.flash_triton needs triton (Linux wheels only): pip install triton. "
-        "Without it use llmbook.flash.flash_attention_reference."
+        "llmbook.inference.flash_triton needs triton (Linux wheels only): pip install triton. "
+        "Without it use llmbook.inference.flash.flash_attention_reference."
     ) from exc
 
 __all__ = ["compile_for_gpu", "flash_attention", "flash_attention_forward", "interpreted"]

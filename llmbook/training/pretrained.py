@@ -6,12 +6,12 @@ recipes (:data:`RECIPES`):
 
 * ``book_model("synthetic")``: a 2-layer GPT-2-style model (d = 64, 4 heads, the exact
   erf GELU; 0.1M parameters) trained on the synthetic Markov source of chapter 3
-  (:func:`llmbook.data.default_source`, V = 16, entropy rate H = 1.6184 nats/token).
+  (:func:`llmbook.text.data.default_source`, V = 16, entropy rate H = 1.6184 nats/token).
   Its validation loss on predictions with the full order-2 context comes within 3 % of
   H: the model has learned the source, up to what a finite sample can teach;
 * ``book_model("text")``: a 4-layer GPT-2-style model (d = 192, 6 heads, context 128;
   2M parameters) over a 1024-token byte-level BPE vocabulary (chapter 1's tokenizer),
-  trained on the Python standard library's docstrings (:mod:`llmbook.corpus`);
+  trained on the Python standard library's docstrings (:mod:`llmbook.text.corpus`);
   ``info["tokenizer"]`` encodes and decodes its text.
 
 Why ship weights instead of training on first use: training arithmetic is not the same
@@ -27,7 +27,7 @@ output downstream of it is the same. The files live in ``data/models/<kind>/``:
 * ``encoder.json`` + ``vocab.bpe`` (text model): the tokenizer in GPT-2's file format.
 
 Training from the recipe stays one command away: ``make models`` (which runs
-``python -m llmbook.pretrained``) retrains both and rewrites the files, and
+``python -m llmbook.training.pretrained``) retrains both and rewrites the files, and
 ``book_model(kind, retrain=True)`` trains one in memory. :func:`sample_text` draws a
 continuation of a prompt.
 """
@@ -50,9 +50,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from llmbook.data import default_source
-from llmbook.model import TransformerConfig, TransformerLM
-from llmbook.train import TrainConfig, evaluate, train
+from llmbook.text.data import default_source
+from llmbook.training.train import TrainConfig, evaluate, train
+from llmbook.transformer.model import TransformerConfig, TransformerLM
 
 __all__ = ["RECIPES", "book_model", "generate", "models_dir", "recipe_hash", "sample_text",
            "write_book_model"]
@@ -89,7 +89,7 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 
 #: What ``make models`` runs; recorded in each ``info.json``.
-COMMAND = "make models  (= python -m llmbook.pretrained)"
+COMMAND = "make models  (= python -m llmbook.training.pretrained)"
 
 
 def models_dir() -> Path:
@@ -98,7 +98,7 @@ def models_dir() -> Path:
     ``LLMBOOK_MODELS`` overrides it (``make models`` into another folder, or tests).
     """
     env = os.environ.get("LLMBOOK_MODELS")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "data" / "models"
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "data" / "models"
 
 
 def recipe_hash(kind: str) -> str:
@@ -124,8 +124,8 @@ def _synthetic_data(recipe: dict[str, Any]) -> tuple[Tensor, Tensor, dict[str, A
 
 
 def _text_data(recipe: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, dict[str, Any], Any]:
-    from llmbook.corpus import load_stdlib_docs
-    from llmbook.tokenizer import BPETokenizer, train_bpe
+    from llmbook.text.corpus import load_stdlib_docs
+    from llmbook.text.tokenizer import BPETokenizer, train_bpe
 
     d = recipe["data"]
     text = load_stdlib_docs()
@@ -195,7 +195,7 @@ def write_book_model(kind: str, directory: str | os.PathLike | None = None) -> d
     folder.mkdir(parents=True, exist_ok=True)
     save_model(model, str(folder / "model.safetensors"), metadata={"recipe_hash": info["recipe_hash"]})
     if tokenizer is not None:
-        from llmbook.tokenizer import write_gpt2_files
+        from llmbook.text.tokenizer import write_gpt2_files
 
         write_gpt2_files(folder, tokenizer.vocab, tokenizer.merges)
     (folder / "info.json").write_text(json.dumps(info, indent=1) + "\n")
@@ -206,7 +206,7 @@ def write_book_model(kind: str, directory: str | os.PathLike | None = None) -> d
 
 
 def _load_tokenizer(folder: Path) -> Any:
-    from llmbook.tokenizer import BPETokenizer, read_gpt2_files
+    from llmbook.text.tokenizer import BPETokenizer, read_gpt2_files
 
     vocab, merges, _ = read_gpt2_files(folder / "encoder.json", folder / "vocab.bpe")
     return BPETokenizer(vocab, merges)
@@ -223,10 +223,10 @@ def book_model(kind: str = "synthetic", retrain: bool = False) -> tuple[Transfor
 
     ``info`` holds ``val_loss`` (nats/token on held-out data; for "synthetic" only the
     predictions that see the source's full order-2 context, so it is comparable with
-    ``entropy_rate``), ``history`` (a :class:`~llmbook.train.TrainHistory` as a dict),
+    ``entropy_rate``), ``history`` (a :class:`~llmbook.training.train.TrainHistory` as a dict),
     ``recipe``, ``made`` (command, machine and date of the shipped file), ``trained_now``
     and, for "text", ``val_bits_per_byte`` and ``tokenizer`` (a
-    :class:`~llmbook.tokenizer.BPETokenizer`).
+    :class:`~llmbook.text.tokenizer.BPETokenizer`).
 
     A ``ValueError`` says so if the shipped files are missing or were made from another
     recipe than the one in :data:`RECIPES` (then ``make models`` rewrites them).
@@ -307,7 +307,7 @@ def sample_text(model: TransformerLM, tokenizer: Any, prompt: str, max_new_token
 
 def main(argv: list[str] | None = None) -> int:
     """``make models``: retrain the book's models from their recipes and rewrite their files."""
-    parser = argparse.ArgumentParser(prog="python -m llmbook.pretrained", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m llmbook.training.pretrained", description=main.__doc__)
     parser.add_argument("kinds", nargs="*", default=sorted(RECIPES), help="which models")
     parser.add_argument("--out", default=None, help="folder to write to (default: data/models)")
     args = parser.parse_args(argv)

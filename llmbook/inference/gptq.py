@@ -19,7 +19,7 @@ weight error with Hessian H = 2 XᵀX (d_in, d_in):
   (:func:`awq_scale_search`).
 
 :func:`quantize_model` applies a method to every linear layer of a
-:class:`~llmbook.model.TransformerLM` ("fake quantisation": the weights are replaced by
+:class:`~llmbook.transformer.model.TransformerLM` ("fake quantisation": the weights are replaced by
 their dequantised values, so the model runs unchanged in float and the error is exactly
 the quantisation error); :func:`model_memory_bytes` counts what storing the codes saves.
 """
@@ -31,7 +31,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
-from llmbook.quant import fake_quantize
+from llmbook.inference.quant import fake_quantize
 
 __all__ = [
     "awq_scale_search",

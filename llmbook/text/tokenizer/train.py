@@ -6,7 +6,7 @@ Translation of Rare Words with Subword Units") starts from the 256 single bytes 
 repeatedly adds the most frequent adjacent pair of tokens as a new token, until the
 vocabulary has ``vocab_size`` entries.
 
-Conventions of this module (shared with :class:`llmbook.tokenizer.BPETokenizer`):
+Conventions of this module (shared with :class:`llmbook.text.tokenizer.BPETokenizer`):
 
 * **Vocabulary layout.** ids ``0..255`` are the single bytes in byte order, then the
   special tokens in the order given, then one id per merge in the order learned.
@@ -34,7 +34,7 @@ from collections import Counter
 from itertools import pairwise
 from pathlib import Path
 
-from llmbook.tokenizer.pretokenize import (
+from llmbook.text.tokenizer.pretokenize import (
     pretokenize,
     split_on_special_tokens,
     validate_special_tokens,

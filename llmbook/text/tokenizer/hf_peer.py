@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from llmbook.tokenizer.pretokenize import token_to_gpt2_string, validate_special_tokens
+from llmbook.text.tokenizer.pretokenize import token_to_gpt2_string, validate_special_tokens
 
 __all__ = ["hf_tokenizer_from_bpe", "train_hf_bpe"]
 
@@ -45,7 +45,7 @@ def hf_tokenizer_from_bpe(vocab: Mapping[int, bytes], merges: Sequence[tuple[byt
 
 def train_hf_bpe(text: str, vocab_size: int, special_tokens: Iterable[str] = ()):
     """Train ``tokenizers``' byte-level BPE on ``text`` (one sequence, so it sees the same
-    pre-tokens as :func:`~llmbook.tokenizer.train_bpe`); return the trained ``Tokenizer``."""
+    pre-tokens as :func:`~llmbook.text.tokenizer.train_bpe`); return the trained ``Tokenizer``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())

@@ -6,7 +6,7 @@ Introduced in notebooks/11_scaling_laws. Three pieces:
   squares on ``log y`` against ``log x``: a straight line on a log-log plot, with the
   slope and intercept of the ordinary linear regression in closed form;
 * :func:`training_flops` is the rule of thumb ``C = 6 N D``: about ``2 N`` FLOPs per token
-  forward (one multiply-add per parameter, ``llmbook.sizing.flops_per_token`` without its
+  forward (one multiply-add per parameter, ``llmbook.transformer.sizing.flops_per_token`` without its
   attention term) and twice that backward (Kaplan et al., 2020, "Scaling Laws for Neural
   Language Models", section 2.1);
 * :func:`chinchilla_loss` and :func:`compute_optimal` evaluate the parametric loss of
@@ -211,7 +211,7 @@ def golden_section_minimize(f: Callable[[float], float], lo: float, hi: float,
 def training_flops(N: float | np.ndarray, D: float | np.ndarray) -> float | np.ndarray:
     """Training compute ``C = 6 N D`` FLOPs for ``N`` parameters and ``D`` tokens.
 
-    Forward about ``2 N`` FLOPs per token (``llmbook.sizing.flops_per_token`` less its
+    Forward about ``2 N`` FLOPs per token (``llmbook.transformer.sizing.flops_per_token`` less its
     attention term ``4 L T H d_h``, small when ``d >> T / 6``), backward twice that.
     """
     n, dd = _check_positive("N", N), _check_positive("D", D)

@@ -20,7 +20,7 @@ from itertools import pairwise
 
 import regex
 
-from llmbook.tokenizer.pretokenize import (
+from llmbook.text.tokenizer.pretokenize import (
     GPT2_SPLIT_PATTERN,
     special_token_pattern,
     validate_special_tokens,
@@ -266,13 +266,13 @@ class BPETokenizer:
         entries of ``encoder.json`` that are neither a byte nor a merge result (for
         GPT-2 itself, ``"<|endoftext|>"``).
         """
-        from llmbook.tokenizer.gpt2_files import read_gpt2_files
+        from llmbook.text.tokenizer.gpt2_files import read_gpt2_files
 
         vocab, merges, specials = read_gpt2_files(encoder_json, vocab_bpe, special_tokens)
         return cls(vocab, merges, specials)
 
     def save_gpt2_files(self, directory: str | os.PathLike) -> tuple[os.PathLike, os.PathLike]:
         """Write ``encoder.json`` and ``vocab.bpe`` into ``directory``; return their paths."""
-        from llmbook.tokenizer.gpt2_files import write_gpt2_files
+        from llmbook.text.tokenizer.gpt2_files import write_gpt2_files
 
         return write_gpt2_files(directory, self.vocab, self.merges, self.special_tokens)

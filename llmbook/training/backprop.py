@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor
 
-from llmbook.attention import attention_weights
+from llmbook.transformer.attention import attention_weights
 
 __all__ = [
     "attention_backward",
@@ -192,7 +192,7 @@ def attention_backward(q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor,
 
     Shapes: q (..., T_q, d_k), k (..., T_k, d_k), v (..., T_k, d_v), grad_out (..., T_q, d_v),
     equal leading dimensions; ``scale`` defaults to 1/sqrt(d_k); ``is_causal`` is top-left
-    aligned as in :func:`llmbook.attention.scaled_dot_product_attention`. The attention
+    aligned as in :func:`llmbook.transformer.attention.scaled_dot_product_attention`. The attention
     matrix A is recomputed from q and k (as FlashAttention's backward does), then
 
         dV = A^T dO,   dA = dO V^T,   dS = A * (dA - rowsum(dA * A)),

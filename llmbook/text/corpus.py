@@ -15,7 +15,7 @@ __all__ = ["load_stdlib_docs", "stdlib_docs_path"]
 
 def stdlib_docs_path() -> Path:
     """Path of ``data/stdlib_docs.txt`` in the source checkout (``FileNotFoundError`` if absent)."""
-    path = Path(__file__).resolve().parents[1] / "data" / "stdlib_docs.txt"
+    path = Path(__file__).resolve().parents[2] / "data" / "stdlib_docs.txt"
     if not path.is_file():
         raise FileNotFoundError(f"the corpus {path} is missing; rebuild it with "
                                 f"`python data/make_stdlib_docs.py`")

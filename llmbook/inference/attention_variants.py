@@ -1,12 +1,12 @@
 """What a KV cache costs, and attention variants that make it cheaper.
 
-Introduced in notebooks/13_kv_cache. The KV cache itself is :class:`llmbook.kvcache.KVCache`
+Introduced in notebooks/13_kv_cache. The KV cache itself is :class:`llmbook.inference.kvcache.KVCache`
 (chapter 12); this module adds what chapter 13 needs to study its cost and to shrink it:
 
 * :func:`decode_step_flops` and :func:`generation_flops` - the forward FLOPs of producing
   one token at a given position, with a cache (one new token attends to T_k cached ones:
   O(T) per token) and without (the whole prefix is recomputed: O(T^2) per token), using
-  the conventions of :mod:`llmbook.sizing`;
+  the conventions of :mod:`llmbook.transformer.sizing`;
 * :func:`kv_cache_bytes_per_token` - 2 L H_kv d_h bytes(dtype) for a published shape, and
   :func:`mla_cache_bytes_per_token` - L (d_c + d_R) bytes(dtype) for multi-head latent attention;
 * :func:`sliding_window_mask` - the boolean mask of sliding-window attention (Beltagy,
@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from llmbook.attention import MultiHeadAttention, scaled_dot_product_attention
-from llmbook.model import TransformerConfig
-from llmbook.sizing import flops_per_token
+from llmbook.transformer.attention import MultiHeadAttention, scaled_dot_product_attention
+from llmbook.transformer.model import TransformerConfig
+from llmbook.transformer.sizing import flops_per_token
 
 __all__ = [
     "LatentCache",
@@ -100,7 +100,7 @@ def kv_cache_bytes_per_token(n_layers: int, n_kv_heads: int, d_head: int,
     """Bytes the KV cache holds per token (batch 1): 2 L H_kv d_h bytes(dtype).
 
     The factor 2 counts keys and values. Times B T it is
-    :func:`llmbook.kvcache.kv_cache_bytes`.
+    :func:`llmbook.inference.kvcache.kv_cache_bytes`.
     """
     for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("d_head", d_head)):
         _check_int(name, value)
@@ -130,7 +130,7 @@ def sliding_window_mask(T_q: int, T_k: int, window: int, offset: int = 0,
     Query i sits at position i + ``offset`` (``offset = T_k - T_q`` for the last T_q of T_k
     positions, as with a cache) and sees the ``window`` most recent positions up to its own:
     i + offset - window < j <= i + offset. ``window >= T_k`` gives the causal mask of
-    :func:`llmbook.attention.causal_mask`; ``window = 1`` lets each token see only itself.
+    :func:`llmbook.transformer.attention.causal_mask`; ``window = 1`` lets each token see only itself.
     """
     T_q = _check_int("T_q", T_q)
     T_k = _check_int("T_k", T_k)

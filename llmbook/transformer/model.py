@@ -21,11 +21,12 @@ Contents:
   named constructors :meth:`~TransformerConfig.gpt2_style`,
   :meth:`~TransformerConfig.llama_style` and :meth:`~TransformerConfig.qwen2_style`;
 * :class:`DecoderBlock` - x + attn(norm(x)), then x + ffn(norm(x));
-* :class:`TransformerLM` - embeddings, L blocks, final norm, LM head;
-  :meth:`TransformerLM.from_hf` loads a Hugging Face GPT-2, Llama or Qwen2 model
-  (see :mod:`llmbook.hf_loading`).
+* :class:`TransformerLM` - embeddings, L blocks, final norm, LM head.
 
-Closed-form parameter and FLOP counts are in :mod:`llmbook.sizing`.
+:func:`llmbook.transformer.hf_loading.from_hf` builds one from a Hugging Face GPT-2, Llama
+or Qwen2 model (that module imports this one, never the other way round).
+
+Closed-form parameter and FLOP counts are in :mod:`llmbook.transformer.sizing`.
 """
 
 from __future__ import annotations
@@ -39,11 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from llmbook.attention import MultiHeadAttention
-from llmbook.embedding import TokenEmbedding
-from llmbook.kvcache import KVCache
-from llmbook.layers import ACTIVATIONS, MLP, LayerNorm, RMSNorm, SwiGLU
-from llmbook.positional import LearnedPositions, RotaryEmbedding, apply_rotary
+from llmbook.text.embedding import TokenEmbedding
+from llmbook.transformer.attention import AttentionCache, MultiHeadAttention
+from llmbook.transformer.layers import ACTIVATIONS, MLP, LayerNorm, RMSNorm, SwiGLU
+from llmbook.transformer.positional import LearnedPositions, RotaryEmbedding, apply_rotary
 from llmbook.validation import check_positive_int
 
 __all__ = ["DecoderBlock", "TransformerConfig", "TransformerLM"]
@@ -192,8 +192,8 @@ class TransformerConfig:
 class DecoderBlock(nn.Module):
     """One pre-norm decoder block: x + Attn(Norm(x)), then + FFN(Norm(x)).
 
-    Submodules ``attn_norm``, ``attn`` (:class:`~llmbook.attention.MultiHeadAttention`),
-    ``mlp_norm`` and ``mlp`` (:class:`~llmbook.layers.MLP` or :class:`~llmbook.layers.SwiGLU`).
+    Submodules ``attn_norm``, ``attn`` (:class:`~llmbook.transformer.attention.MultiHeadAttention`),
+    ``mlp_norm`` and ``mlp`` (:class:`~llmbook.transformer.layers.MLP` or :class:`~llmbook.transformer.layers.SwiGLU`).
     Shapes: (B, T, d) -> (B, T, d).
     """
 
@@ -212,7 +212,7 @@ class DecoderBlock(nn.Module):
 
     def forward(self, x: Tensor, positions: Tensor | None = None,
                 rope: Callable[[Tensor, Tensor], Tensor] | None = None,
-                cache: KVCache | None = None, layer: int = 0) -> Tensor:
+                cache: AttentionCache | None = None, layer: int = 0) -> Tensor:
         x = x + self.attn(self.attn_norm(x), positions=positions, rope=rope, cache=cache,
                           layer=layer)  # (B, T, d)
         return x + self.mlp(self.mlp_norm(x))  # (B, T, d)
@@ -227,9 +227,9 @@ def _make_norm(c: TransformerConfig) -> nn.Module:
 class TransformerLM(nn.Module):
     """A decoder-only language model: ids (B, T) -> logits (B, T, V).
 
-    Submodules: ``embed`` (:class:`~llmbook.embedding.TokenEmbedding`, E of shape (V, d)),
-    ``pos_embed`` (:class:`~llmbook.positional.LearnedPositions`, or None with RoPE),
-    ``rope`` (:class:`~llmbook.positional.RotaryEmbedding`, one shared by all layers, or
+    Submodules: ``embed`` (:class:`~llmbook.text.embedding.TokenEmbedding`, E of shape (V, d)),
+    ``pos_embed`` (:class:`~llmbook.transformer.positional.LearnedPositions`, or None with RoPE),
+    ``rope`` (:class:`~llmbook.transformer.positional.RotaryEmbedding`, one shared by all layers, or
     None), ``blocks`` (L :class:`DecoderBlock`), ``final_norm`` and ``lm_head``
     (nn.Linear(d, V) without bias, or None when tied: then z = h E^T).
 
@@ -313,7 +313,7 @@ class TransformerLM(nn.Module):
                                  f"max_seq_len={c.max_seq_len}")
         return positions
 
-    def _check_cache(self, ids: Tensor, positions: Tensor | None, cache: KVCache) -> Tensor:
+    def _check_cache(self, ids: Tensor, positions: Tensor | None, cache: AttentionCache) -> Tensor:
         c = self.config
         if not isinstance(ids, Tensor) or ids.ndim != 2:
             raise ValueError(f"ids must have shape (B, T), got "
@@ -332,12 +332,12 @@ class TransformerLM(nn.Module):
         return positions
 
     def forward(self, ids: Tensor, positions: Tensor | None = None,
-                cache: KVCache | None = None) -> Tensor:
+                cache: AttentionCache | None = None) -> Tensor:
         """Logits of the next token at every position: ids (B, T) -> (B, T, V).
 
         ``positions`` (T,) or (B, T) default to 0, 1, ..., T-1; with ``positions=None`` a
         sequence longer than ``max_seq_len`` is a ``ValueError`` naming both. With a
-        ``cache`` (:class:`~llmbook.kvcache.KVCache`, chapter 12) ``ids`` are the tokens
+        ``cache`` (:class:`~llmbook.inference.kvcache.KVCache`, chapter 12) ``ids`` are the tokens
         that follow the cached ones: positions default to ``cache.length + arange(T)``,
         attention sees the cached keys and values too, and the cache grows by T.
         """
@@ -370,10 +370,3 @@ class TransformerLM(nn.Module):
     def num_parameters(self) -> int:
         """The number of distinct parameters (a tied matrix counts once)."""
         return sum(p.numel() for p in self.parameters())
-
-    @classmethod
-    def from_hf(cls, hf_model: nn.Module) -> TransformerLM:
-        """A copy of a Hugging Face GPT-2, Llama or Qwen2 causal LM (see :mod:`llmbook.hf_loading`)."""
-        from llmbook.hf_loading import from_hf
-
-        return from_hf(hf_model)

@@ -10,11 +10,11 @@ data. With ``k = 0`` this is the maximum-likelihood estimate (the empirical freq
 ``k = 1`` is Laplace's rule of succession and ``0 < k < 1`` Lidstone's (Jurafsky &
 Martin, *Speech and Language Processing*, 3rd ed. draft, ch. 3). It is also the
 posterior-mean estimate under a symmetric ``Dirichlet(k)`` prior on each row, which is
-why ``k`` equal to the concentration of :class:`llmbook.data.MarkovSource` is the Bayes
+why ``k`` equal to the concentration of :class:`llmbook.text.data.MarkovSource` is the Bayes
 choice for that source.
 
 Counting and scoring are vectorised (``numpy.bincount`` over context numbers from
-:func:`llmbook.data.context_ids`): there is no Python loop over tokens.
+:func:`llmbook.text.data.context_ids`): there is no Python loop over tokens.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from llmbook.data import as_token_array, context_ids
+from llmbook.text.data import as_token_array, context_ids
 
 __all__ = ["NGramModel"]
 

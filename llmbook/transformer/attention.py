@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -45,16 +45,40 @@ from torch import Tensor, nn
 
 from llmbook.validation import check_positive_int
 
-if TYPE_CHECKING:
-    from llmbook.kvcache import KVCache
-
 __all__ = [
+    "AttentionCache",
     "MultiHeadAttention",
     "attention_flops",
     "attention_weights",
     "causal_mask",
     "scaled_dot_product_attention",
 ]
+
+
+@runtime_checkable
+class AttentionCache(Protocol):
+    """What the transformer needs of a key/value cache: the interface, not the cache.
+
+    The cache itself is inference code (chapter 12, :class:`llmbook.inference.kvcache.KVCache`
+    implements this). The transformer of Part II only writes into one, so it names the few
+    attributes and methods it uses here instead of importing Part IV: dependencies in the
+    package point back to earlier parts only.
+
+    ``update(layer, k, v)`` stores the new keys and values (B, H_kv, T_new, d_head) of one
+    layer at positions ``length ..`` and returns all of them so far (B, H_kv, T_k, d_head);
+    ``advance(n)`` moves ``length`` on once every layer has been updated.
+    """
+
+    n_layers: int
+    batch_size: int
+    n_kv_heads: int
+    d_head: int
+    max_seq_len: int
+    length: int
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def advance(self, num_positions: int) -> None: ...
 
 
 def causal_mask(T_q: int, T_k: int | None = None, offset: int = 0,
@@ -243,7 +267,7 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: Tensor, positions: Tensor | None = None, rope: Rope | None = None,
                 mask: Tensor | None = None, is_causal: bool = True,
-                attn_bias: Tensor | None = None, cache: KVCache | None = None,
+                attn_bias: Tensor | None = None, cache: AttentionCache | None = None,
                 layer: int = 0) -> Tensor:
         """Self-attention of x (B, T, d_model) -> (B, T, d_model).
 
@@ -252,7 +276,7 @@ class MultiHeadAttention(nn.Module):
         mask, is combined with the causal mask by logical and. ``attn_bias`` (float,
         broadcasting to (B, H, T, T_k)) is added to the scaled scores, e.g. ALiBi's -m_h (i - j).
         ``positions`` and ``rope`` as in :meth:`project_qkv`. With a ``cache``
-        (:class:`~llmbook.kvcache.KVCache`, chapter 12) the new keys and values are appended
+        (:class:`~llmbook.inference.kvcache.KVCache`, chapter 12) the new keys and values are appended
         to those of ``layer`` and the T queries attend over all T_k cached positions with
         the bottom-right aligned causal mask; without one, T_k = T.
         """

@@ -16,8 +16,8 @@ token; a decoding rule picks the token. The rules here:
   model q proposes gamma tokens, the target p checks them in one forward pass, and an
   accept/reject rule makes the output tokens *exactly* p-distributed.
 
-:func:`generate` uses the KV cache of :mod:`llmbook.kvcache` for a
-:class:`~llmbook.model.TransformerLM`. :class:`BigramLM` is a hand-made model (next-token
+:func:`generate` uses the KV cache of :mod:`llmbook.inference.kvcache` for a
+:class:`~llmbook.transformer.model.TransformerLM`. :class:`BigramLM` is a hand-made model (next-token
 logits from a table indexed by the last token) for worked examples, and
 :func:`chi_square_test` the goodness-of-fit test the chapter uses to check a sampler.
 """
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from llmbook.kvcache import KVCache
-from llmbook.model import TransformerLM
+from llmbook.inference.kvcache import KVCache
+from llmbook.transformer.model import TransformerLM
 
 __all__ = [
     "BigramLM",
@@ -207,8 +207,8 @@ def generate(model: nn.Module, prompt_ids: Tensor, max_new_tokens: int, temperat
     Each token is drawn by :func:`sample_next` (``temperature=0``: greedy). The whole
     sequence must fit in the model's context: T + max_new_tokens <= max_seq_len (there is
     no sliding window, so cached and uncached decoding see exactly the same context). With
-    ``use_cache`` and a :class:`~llmbook.model.TransformerLM`, the prompt is run once
-    (the *prefill*) into a :class:`~llmbook.kvcache.KVCache` and every later step runs the
+    ``use_cache`` and a :class:`~llmbook.transformer.model.TransformerLM`, the prompt is run once
+    (the *prefill*) into a :class:`~llmbook.inference.kvcache.KVCache` and every later step runs the
     model on the one new token; otherwise (or for any other model ``ids -> logits``) each
     step recomputes the whole sequence. Both give the same tokens.
     """

@@ -1,0 +1,17 @@
+"""Part I, text as mathematics (chapters 1–3): from bytes to tokens to probabilities.
+
+Chapter → module → what it defines:
+
+* 1 Tokens → :mod:`~llmbook.text.tokenizer` (a subpackage): byte-level BPE trained with
+  incremental pair counts (``train_bpe``), ``BPETokenizer``, GPT-2's file pair, and the
+  Hugging Face ``tokenizers`` peer; :mod:`~llmbook.text.corpus`: the shipped corpus
+  (``load_stdlib_docs``).
+* 2 Embeddings → :mod:`~llmbook.text.embedding`: ``one_hot``, ``TokenEmbedding``,
+  ``embedding_grad``, cosine geometry and parameter counts.
+* 3 Language modelling → :mod:`~llmbook.text.functional`: stable ``softmax``,
+  ``log_softmax``, ``logsumexp``, ``cross_entropy``, ``perplexity``;
+  :mod:`~llmbook.text.data`: ``MarkovSource`` with an exact entropy rate and the book's
+  ``default_source``; :mod:`~llmbook.text.ngram`: the ``NGramModel`` baseline.
+
+Imports only the shared helpers at the top of ``llmbook``.
+"""

@@ -1,0 +1,20 @@
+"""Part III, training (chapters 8–11): gradients, optimisers, the loop, scaling laws.
+
+Chapter → module → what it defines:
+
+* 8 Backpropagation → :mod:`~llmbook.training.backprop`: hand-derived backward passes
+  (linear, softmax, cross-entropy, LayerNorm, GELU, attention);
+  :mod:`~llmbook.training.autograd`: a scalar autograd engine (``Value``) and
+  ``gradcheck``.
+* 9 Optimisers → :mod:`~llmbook.training.optim`: ``SGD``, ``Adam``, ``AdamW``,
+  ``cosine_schedule``, ``clip_grad_norm_``.
+* 10 Training a small language model → :mod:`~llmbook.training.train`: ``get_batch``,
+  ``TrainConfig``, ``train_step``, ``evaluate``, ``train``;
+  :mod:`~llmbook.training.checkpoint`: atomic saves and safe loads;
+  :mod:`~llmbook.training.pretrained`: the book's shipped models (``book_model``,
+  ``RECIPES``, ``sample_text``).
+* 11 Scaling laws → :mod:`~llmbook.training.scaling`: ``fit_power_law``,
+  ``chinchilla_loss``, ``compute_optimal``.
+
+Imports Parts I–II and the shared helpers, never a later part.
+"""
