@@ -1,0 +1,263 @@
+"""Per-token log-probabilities, entropies and masked reductions over responses.
+
+Introduced in notebooks/17_sft_reward_models and used by every later chapter of Part V
+(notebooks/18_rlhf_ppo, notebooks/19_dpo, notebooks/20_grpo). Every alignment objective
+scores a *response* y = (y_1, ..., y_R) to a *prompt* x with the policy's log-probability
+
+.. math::  \\log \\pi_\\theta(y \\mid x) = \\sum_{t=1}^{R} \\log \\pi_\\theta(y_t \\mid x, y_{<t}),
+
+a sum of per-token terms read off the logits of a causal language model. The logits at
+position i predict the token at position i + 1, so for a prompt of length P the response
+tokens are predicted by the logits at positions P - 1, ..., P + R - 2: the "shift by one"
+that every RLHF code base gets wrong at least once.
+
+This module holds:
+
+* :func:`token_logprobs`: log softmax(z)[y] at every position, (B, T, V), (B, T) -> (B, T);
+* :func:`response_logprobs`: the per-token log-probabilities of a response given a prompt,
+  computed by running a causal LM on the concatenation and shifting by one;
+* :func:`token_entropy`: the entropy -sum_v p_v log p_v of the next-token distribution;
+* :func:`masked_sum`, :func:`masked_mean`, :func:`masked_normalize`: reductions over the
+  response tokens only (padding and prompt excluded). The choice between a per-sequence
+  mean, a per-batch token mean and a division by a constant is the "aggregation" of
+  chapter 20, and the source of the length bias analysed by Liu et al., 2025,
+  "Understanding R1-Zero-like Training: A Critical Perspective" (Dr. GRPO);
+* :func:`response_mask`: the (B, T) mask of response positions from prompt lengths.
+
+Masks are boolean tensors, or numeric tensors holding only 0 and 1, of exactly the shape of
+the tensor they mask: a mask of another shape is a ``ValueError``, never a broadcast, and a
+mean over a mask with no ones is a ``ValueError``, never a NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from llmbook.text.functional import log_softmax
+from llmbook.validation import check_floating_tensor as _check_floating
+from llmbook.validation import check_positive_int
+
+__all__ = [
+    "masked_mean",
+    "masked_normalize",
+    "masked_sum",
+    "response_logprobs",
+    "response_mask",
+    "token_entropy",
+    "token_logprobs",
+]
+
+_INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _check_ids(x: object, name: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(x).__name__}")
+    if x.dtype not in _INTEGER_DTYPES:
+        raise TypeError(f"{name} must be an integer tensor (token ids), got dtype {x.dtype}")
+    return x
+
+
+def _check_mask(mask: object, like: Tensor, name: str = "mask",
+                like_name: str = "x") -> Tensor:
+    """Return ``mask`` as a tensor of ``like``'s dtype, holding 0 and 1, of ``like``'s shape."""
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
+    if tuple(mask.shape) != tuple(like.shape):
+        raise ValueError(f"{name} must have the shape of {like_name}, {tuple(like.shape)}, "
+                         f"got {tuple(mask.shape)} (masks are never broadcast)")
+    if mask.dtype != torch.bool:
+        if mask.is_complex():
+            raise TypeError(f"{name} must be boolean or hold only 0 and 1, got dtype {mask.dtype}")
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            bad = mask[(mask != 0) & (mask != 1)][0].item()
+            raise ValueError(f"{name} must hold only 0 and 1 (or be boolean), found {bad}")
+    return mask.to(like.dtype)
+
+
+def _check_reduce_dim(x: Tensor, dim: int | None) -> int | None:
+    if dim is None:
+        return None
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim must be an int or None, got {dim!r} ({type(dim).__name__})")
+    if x.ndim == 0 or not -x.ndim <= dim < x.ndim:
+        raise ValueError(f"dim={dim} is out of range for a tensor of shape {tuple(x.shape)}")
+    return dim % x.ndim
+
+
+# ---------------------------------------------------------------- log-probabilities
+
+
+def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
+    """log softmax(logits)[target] at every position: (B, T, V), (B, T) -> (B, T).
+
+    Any leading shape works: ``logits`` (..., V) and integer ``targets`` (...) in [0, V).
+    Equals ``torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]`` and is
+    differentiable in ``logits``.
+    """
+    _check_floating(logits, "logits")
+    _check_ids(targets, "targets")
+    if logits.ndim == 0 or tuple(targets.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(f"logits of shape {tuple(logits.shape)} need targets of shape "
+                         f"{tuple(logits.shape[:-1])}, got targets of shape {tuple(targets.shape)}")
+    V = logits.shape[-1]
+    if targets.numel() and (bool((targets < 0).any()) or bool((targets >= V).any())):
+        bad = targets[(targets < 0) | (targets >= V)][0].item()
+        raise ValueError(f"targets must be token ids in [0, {V}), found {bad}")
+    logp = log_softmax(logits, dim=-1)  # (..., V)
+    return logp.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)  # (...)
+
+
+def _logits_of(output: object) -> Tensor:
+    """A model's output as a logits tensor: the tensor itself, or its ``.logits``."""
+    if isinstance(output, Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, Tensor):
+        return logits
+    raise TypeError("model must return a logits tensor of shape (B, T, V) or an object with a "
+                    f"`.logits` tensor, got {type(output).__name__}")
+
+
+def response_logprobs(model: Callable[[Tensor], object], prompt_ids: Tensor,
+                      response_ids: Tensor) -> Tensor:
+    """Per-token log pi(y_t | x, y_<t) of a response given a prompt: (B, P), (B, R) -> (B, R).
+
+    ``model`` is a causal language model called on token ids (B, T) and returning the
+    next-token logits (B, T, V) (or an object with a ``.logits`` attribute, as Hugging Face
+    models return). It is run once on the concatenation [x; y] of length P + R; the logits
+    at position P - 1 + t score the response token y_t, so
+
+        out[b, t] = log softmax(logits[b, P - 1 + t])[y_t],   t = 0, ..., R - 1.
+
+    Every row has the same P and R. Right-padded responses are fine (a causal model's
+    logits at a position do not depend on later tokens): mask the padding afterwards, e.g.
+    with :func:`masked_sum`. Prompts are taken as they are, with no attention mask. The
+    prompt must hold at least one token, and if ``model.config.max_seq_len`` exists then
+    P + R must not exceed it.
+    """
+    if not callable(model):
+        raise TypeError(f"model must be callable on token ids, got {type(model).__name__}")
+    _check_ids(prompt_ids, "prompt_ids")
+    _check_ids(response_ids, "response_ids")
+    if prompt_ids.ndim != 2 or response_ids.ndim != 2:
+        raise ValueError(f"prompt_ids and response_ids must be (B, P) and (B, R), got shapes "
+                         f"{tuple(prompt_ids.shape)} and {tuple(response_ids.shape)}")
+    B, P = prompt_ids.shape
+    if response_ids.shape[0] != B:
+        raise ValueError(f"prompt_ids has batch size {B} but response_ids has "
+                         f"{response_ids.shape[0]}")
+    R = response_ids.shape[1]
+    if P < 1:
+        raise ValueError("prompt_ids must hold at least one token per row (P >= 1): the first "
+                         "response token is predicted by the logits of the last prompt token")
+    if R < 1:
+        raise ValueError("response_ids must hold at least one token per row (R >= 1)")
+    config = getattr(model, "config", None)
+    max_len = getattr(config, "max_seq_len", None)
+    if isinstance(max_len, int) and P + R > max_len:
+        raise ValueError(f"prompt plus response has length P + R = {P} + {R} = {P + R}, which "
+                         f"exceeds the model's max_seq_len={max_len}")
+    ids = torch.cat([prompt_ids, response_ids.to(prompt_ids.dtype)], dim=1)  # (B, P + R)
+    logits = _logits_of(model(ids))  # (B, P + R, V)
+    if logits.ndim != 3 or tuple(logits.shape[:2]) != (B, P + R):
+        raise ValueError(f"model must return logits of shape (B, T, V) = ({B}, {P + R}, V), "
+                         f"got {tuple(logits.shape)}")
+    return token_logprobs(logits[:, P - 1:P + R - 1], response_ids)  # (B, R)
+
+
+def token_entropy(logits: Tensor) -> Tensor:
+    """Entropy -sum_v p_v log p_v of softmax(logits) at every position: (B, T, V) -> (B, T).
+
+    In nats; any leading shape. Computed from the stable log-softmax; vocabulary entries
+    with logit -inf (probability 0) contribute 0 (the limit of p log p), not NaN.
+    """
+    _check_floating(logits, "logits")
+    if logits.ndim == 0:
+        raise ValueError("logits must have a vocabulary axis, got a 0-d tensor")
+    logp = log_softmax(logits, dim=-1)  # (..., V)
+    p = torch.exp(logp)
+    plogp = torch.where(p > 0, p * logp, torch.zeros_like(p))
+    return -plogp.sum(dim=-1)  # (...)
+
+
+# ---------------------------------------------------------------- masked reductions
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """sum(x * mask) over all entries (a scalar) or along ``dim``; mask has x's shape.
+
+    Masked-out entries contribute exactly 0, even when they hold inf or NaN.
+    """
+    _check_floating(x, "x")
+    m = _check_mask(mask, x)
+    dim = _check_reduce_dim(x, dim)
+    kept = torch.where(m > 0, x, torch.zeros_like(x))
+    return kept.sum() if dim is None else kept.sum(dim=dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """sum(x * mask) / sum(mask), over all entries or along ``dim`` (one mean per row).
+
+    A mask with no ones (anywhere, or in one row when ``dim`` is given) is a
+    ``ValueError``: the mean of nothing is undefined.
+    """
+    _check_floating(x, "x")
+    m = _check_mask(mask, x)
+    dim = _check_reduce_dim(x, dim)
+    count = m.sum() if dim is None else m.sum(dim=dim)
+    if bool((count == 0).any()):
+        where = "" if dim is None else f" along dim={dim} (a row with no ones)"
+        raise ValueError(f"mask has no ones{where}: the masked mean is undefined")
+    return masked_sum(x, m, dim) / count
+
+
+def masked_normalize(x: Tensor, mask: Tensor, constant: float, dim: int | None = None) -> Tensor:
+    """sum(x * mask) / constant, over all entries or along ``dim``.
+
+    Dividing by a fixed constant (e.g. the maximum response length) instead of the number of
+    unmasked tokens gives every token the same weight whatever the length of its response:
+    the aggregation of Dr. GRPO (Liu et al., 2025).
+    """
+    if isinstance(constant, bool) or not isinstance(constant, int | float):
+        raise TypeError(f"constant must be a number, got {constant!r} ({type(constant).__name__})")
+    if not constant > 0 or constant == float("inf"):
+        raise ValueError(f"constant must be a positive finite number, got constant={constant}")
+    return masked_sum(x, mask, dim) / constant
+
+
+def response_mask(prompt_lengths: Tensor, total_length: int,
+                  sequence_lengths: Tensor | None = None) -> Tensor:
+    """Boolean (B, total_length) mask of response positions: prompt_lengths[b] <= t < end_b.
+
+    ``prompt_lengths`` (B,) holds the number of prompt tokens of each row of a
+    prompt-plus-response sequence of length ``total_length``; ``end_b`` is
+    ``sequence_lengths[b]`` (B,) when given (right padding after the response), else
+    ``total_length``. Requires 0 <= prompt_lengths <= sequence_lengths <= total_length.
+    """
+    total_length = check_positive_int("total_length", total_length)
+    _check_ids(prompt_lengths, "prompt_lengths")
+    if prompt_lengths.ndim != 1:
+        raise ValueError(f"prompt_lengths must be 1-d (B,), got shape {tuple(prompt_lengths.shape)}")
+    if sequence_lengths is None:
+        end = torch.full_like(prompt_lengths, total_length)
+    else:
+        _check_ids(sequence_lengths, "sequence_lengths")
+        if tuple(sequence_lengths.shape) != tuple(prompt_lengths.shape):
+            raise ValueError(f"sequence_lengths must have the shape of prompt_lengths, "
+                             f"{tuple(prompt_lengths.shape)}, got {tuple(sequence_lengths.shape)}")
+        end = sequence_lengths
+    if bool((prompt_lengths < 0).any()):
+        raise ValueError(f"prompt_lengths must be >= 0, got {prompt_lengths.tolist()}")
+    if bool((end > total_length).any()) or bool((prompt_lengths > end).any()):
+        raise ValueError(f"need prompt_lengths <= sequence_lengths <= total_length={total_length}, "
+                         f"got prompt_lengths={prompt_lengths.tolist()}, "
+                         f"sequence_lengths={end.tolist()}")
+    t = torch.arange(total_length, device=prompt_lengths.device)  # (T,)
+    return (t >= prompt_lengths[:, None]) & (t < end[:, None])  # (B, T)

@@ -1,0 +1,554 @@
+"""The objectives of alignment: reward models, PPO, DPO and IPO, GRPO, and KL estimators.
+
+Introduced in notebooks/17_sft_reward_models (the Bradley-Terry loss), notebooks/18_rlhf_ppo
+(the policy gradient, GAE, the PPO losses, the KL estimators), notebooks/19_dpo (DPO and
+IPO) and notebooks/20_grpo (group-normalised rewards and the GRPO loss). Every function
+takes per-token or per-sequence log-probabilities (see :mod:`llmbook.alignment.logprobs`)
+and returns a scalar loss to minimise, plus the diagnostics each method is usually
+monitored with.
+
+* :func:`bradley_terry_loss`: -log sigma(r_chosen - r_rejected), the pairwise loss of a
+  reward model under the Bradley-Terry preference model (Bradley & Terry, 1952), as used
+  for InstructGPT (Ouyang et al., 2022, "Training language models to follow instructions
+  with human feedback");
+* :func:`policy_gradient_loss`: REINFORCE with an optional baseline (Williams, 1992);
+* :func:`gae`: generalised advantage estimation (Schulman et al., 2016, "High-Dimensional
+  Continuous Control Using Generalized Advantage Estimation");
+* :func:`ppo_policy_loss`, :func:`ppo_value_loss`: the clipped surrogate objective and the
+  clipped value loss of PPO (Schulman et al., 2017, "Proximal Policy Optimization
+  Algorithms");
+* :func:`dpo_loss`: DPO (Rafailov et al., 2023, "Direct Preference Optimization: Your
+  Language Model is Secretly a Reward Model") and IPO (Azar et al., 2023, "A General
+  Theoretical Paradigm to Understand Learning from Human Preferences");
+* :func:`group_normalized_rewards`, :func:`grpo_loss`: GRPO (Shao et al., 2024,
+  "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models"),
+  with the three ways of aggregating per-token losses whose length bias is analysed by
+  Liu et al., 2025, "Understanding R1-Zero-like Training: A Critical Perspective"
+  (Dr. GRPO);
+* :func:`kl_estimators`: the k1, k2, k3 single-sample estimators of KL(p || q) from
+  J. Schulman, "Approximating KL Divergence" (blog post, 2020).
+
+Conventions. Per-token tensors are (B, T) with a (B, T) mask of response tokens (boolean or
+0/1, exactly the shape of the tensor; never broadcast). Per-sequence tensors are (B,).
+Constants of an update (old log-probabilities, advantages, returns, rewards) are detached
+inside the losses, so their gradient flows only through the current policy or value.
+The conventions (which quantity is averaged over what) follow trl 1.16.0, against which
+the tests compare; where trl differs from the papers the docstring says so.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from llmbook.alignment.logprobs import _check_mask, masked_mean, masked_sum
+from llmbook.validation import check_floating_tensor as _check_floating
+from llmbook.validation import check_positive_int
+
+__all__ = [
+    "GRPOLossOutput",
+    "KLEstimates",
+    "bradley_terry_loss",
+    "dpo_loss",
+    "gae",
+    "grpo_loss",
+    "group_normalized_rewards",
+    "kl_estimators",
+    "policy_gradient_loss",
+    "ppo_policy_loss",
+    "ppo_value_loss",
+]
+
+DPO_LOSS_TYPES = ("sigmoid", "ipo")
+GRPO_AGGREGATIONS = ("sequence_mean", "token_mean", "constant")
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _check_same_shape(**tensors: Tensor) -> None:
+    """All the named tensors are floating and share one shape (no broadcasting)."""
+    items = list(tensors.items())
+    for name, t in items:
+        _check_floating(t, name)
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        if tuple(t.shape) != tuple(first.shape):
+            raise ValueError(f"{name} must have the shape of {first_name}, {tuple(first.shape)}, "
+                             f"got {tuple(t.shape)}")
+
+
+def _check_pairs(ndim_max: int = 1, **tensors: Tensor) -> None:
+    _check_same_shape(**tensors)
+    name, first = next(iter(tensors.items()))
+    if first.ndim > ndim_max:
+        raise ValueError(f"{name} must be a scalar (one pair) or 1-d (a batch of pairs), "
+                         f"got shape {tuple(first.shape)}")
+
+
+def _number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {name}={value}")
+    return float(value)
+
+
+def _positive(name: str, value: object) -> float:
+    v = _number(name, value)
+    if v <= 0:
+        raise ValueError(f"{name} must be positive, got {name}={value}")
+    return v
+
+
+def _unit_interval(name: str, value: object) -> float:
+    v = _number(name, value)
+    if not 0 <= v <= 1:
+        raise ValueError(f"{name} must lie in [0, 1], got {name}={value}")
+    return v
+
+
+def _clip_range(clip_eps: object, clip_eps_high: object) -> tuple[float, float]:
+    low = _positive("clip_eps", clip_eps)
+    if low >= 1:
+        raise ValueError(f"clip_eps must lie in (0, 1) so that 1 - clip_eps > 0, got "
+                         f"clip_eps={clip_eps}")
+    high = low if clip_eps_high is None else _positive("clip_eps_high", clip_eps_high)
+    return low, high
+
+
+def _per_sequence_to_tokens(adv: Tensor, like: Tensor, name: str) -> Tensor:
+    """``adv`` of ``like``'s shape, or one value per row (``like.shape[:-1]``) spread over tokens."""
+    _check_floating(adv, name)
+    if tuple(adv.shape) == tuple(like.shape):
+        return adv
+    if like.ndim >= 1 and tuple(adv.shape) == tuple(like.shape[:-1]):
+        return adv.unsqueeze(-1).expand_as(like)
+    raise ValueError(f"{name} must have shape {tuple(like.shape)} (per token) or "
+                     f"{tuple(like.shape[:-1])} (per sequence), got {tuple(adv.shape)}")
+
+
+def _reduce(per_item: Tensor, reduction: str) -> Tensor:
+    if reduction == "mean":
+        return per_item.mean()
+    return per_item
+
+
+def _check_reduction(reduction: object) -> str:
+    if reduction not in ("mean", "none"):
+        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+    return str(reduction)
+
+
+# ---------------------------------------------------------------- reward model (chapter 17)
+
+
+def bradley_terry_loss(r_chosen: Tensor, r_rejected: Tensor, margin: Tensor | float | None = None,
+                       center_coefficient: float = 0.0) -> Tensor:
+    """Mean of -log sigma(r_chosen - r_rejected - margin): the reward-model loss, a scalar.
+
+    Under the Bradley-Terry model P(chosen > rejected) = sigma(r_chosen - r_rejected), so
+    this is the negative log-likelihood of the observed preferences. ``r_chosen`` and
+    ``r_rejected`` are scalar rewards, () for one pair or (N,) for a batch. The optional
+    ``margin`` (a number or a tensor of the same shape; Llama 2's "margin" for graded
+    preferences) asks the chosen reward to win by at least that much. The optional
+    ``center_coefficient`` c adds c * mean((r_chosen + r_rejected)^2), which pins the
+    free additive constant of the rewards near zero (Eisenstein et al., 2023). Both extras
+    are those of trl's ``RewardTrainer``.
+    """
+    _check_pairs(r_chosen=r_chosen, r_rejected=r_rejected)
+    diff = r_chosen - r_rejected
+    if margin is not None:
+        if isinstance(margin, Tensor):
+            _check_same_shape(r_chosen=r_chosen, margin=margin)
+        else:
+            margin = _number("margin", margin)
+        diff = diff - margin
+    c = _number("center_coefficient", center_coefficient)
+    if c < 0:
+        raise ValueError(f"center_coefficient must be >= 0, got center_coefficient={c}")
+    loss = -F.logsigmoid(diff).mean()
+    if c:
+        loss = loss + c * ((r_chosen + r_rejected) ** 2).mean()
+    return loss
+
+
+# ---------------------------------------------------------------- DPO and IPO (chapter 19)
+
+
+def dpo_loss(policy_chosen_logps: Tensor, policy_rejected_logps: Tensor,
+             ref_chosen_logps: Tensor, ref_rejected_logps: Tensor, beta: float,
+             loss_type: str = "sigmoid", label_smoothing: float = 0.0,
+             chosen_lengths: Tensor | None = None, rejected_lengths: Tensor | None = None,
+             reduction: str = "mean") -> tuple[Tensor, Tensor, Tensor]:
+    """The DPO (or IPO) loss of preference pairs; returns (loss, chosen_rewards, rejected_rewards).
+
+    Inputs are sequence log-probabilities log pi(y | x) (sums over the response tokens),
+    all of one shape: () for a single pair or (N,) for a batch. With the log-ratios
+    rho_w = log pi(y_w|x) - log pi_ref(y_w|x) and rho_l likewise, and h = rho_w - rho_l:
+
+    * ``"sigmoid"`` (DPO, Rafailov et al., 2023, eq. 7): -log sigma(beta h). With
+      ``label_smoothing`` eps > 0 (conservative DPO: each label is flipped with probability
+      eps) it is -(1 - eps) log sigma(beta h) - eps log sigma(-beta h). The gradient with
+      respect to h at eps = 0 is -beta sigma(-beta h): large when the pair is ranked wrongly.
+    * ``"ipo"`` (Azar et al., 2023, eq. 17, tau = beta): (h' - 1/(2 beta))^2, where, as in
+      trl, h' = rho_w / |y_w| - rho_l / |y_l| uses log-ratios *averaged over the response
+      tokens*: pass the token counts as ``chosen_lengths`` and ``rejected_lengths`` (the
+      same shape, positive). Without them the inputs are taken as already length-averaged.
+
+    ``chosen_rewards`` = beta rho_w and ``rejected_rewards`` = beta rho_l are the implicit
+    rewards of DPO (detached, for monitoring), of the inputs' shape. ``loss`` is the mean
+    over pairs (``reduction="mean"``) or one value per pair (``"none"``).
+
+    trl 1.16.0's ``"sigmoid"`` loss has no label smoothing (trl uses ``label_smoothing`` only
+    for its "robust", "exo_pair" and "aot" variants); at eps = 0 the two agree.
+    """
+    _check_pairs(policy_chosen_logps=policy_chosen_logps,
+                 policy_rejected_logps=policy_rejected_logps,
+                 ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
+    beta = _positive("beta", beta)
+    if loss_type not in DPO_LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {DPO_LOSS_TYPES}, got {loss_type!r}")
+    eps = _number("label_smoothing", label_smoothing)
+    if not 0 <= eps < 0.5:
+        raise ValueError(f"label_smoothing must lie in [0, 0.5), got label_smoothing={eps}")
+    reduction = _check_reduction(reduction)
+    chosen_ratio = policy_chosen_logps - ref_chosen_logps
+    rejected_ratio = policy_rejected_logps - ref_rejected_logps
+    if loss_type == "sigmoid":
+        if chosen_lengths is not None or rejected_lengths is not None:
+            raise ValueError("chosen_lengths and rejected_lengths apply to loss_type='ipo' only")
+        logits = beta * (chosen_ratio - rejected_ratio)
+        per_pair = -F.logsigmoid(logits)
+        if eps:
+            per_pair = (1 - eps) * per_pair - eps * F.logsigmoid(-logits)
+    else:
+        if eps:
+            raise ValueError(f"label_smoothing applies to loss_type='sigmoid' only, got "
+                             f"label_smoothing={eps} with loss_type='ipo'")
+        if (chosen_lengths is None) != (rejected_lengths is None):
+            raise ValueError("pass both chosen_lengths and rejected_lengths, or neither")
+        if chosen_lengths is not None and rejected_lengths is not None:
+            for name, lengths in (("chosen_lengths", chosen_lengths),
+                                  ("rejected_lengths", rejected_lengths)):
+                if not isinstance(lengths, Tensor):
+                    raise TypeError(f"{name} must be a torch.Tensor, got {type(lengths).__name__}")
+                if tuple(lengths.shape) != tuple(chosen_ratio.shape):
+                    raise ValueError(f"{name} must have the shape of the log-probabilities, "
+                                     f"{tuple(chosen_ratio.shape)}, got {tuple(lengths.shape)}")
+                if bool((lengths <= 0).any()):
+                    raise ValueError(f"{name} must be positive token counts, got {lengths.tolist()}")
+            chosen_ratio_avg = chosen_ratio / chosen_lengths.to(chosen_ratio.dtype)
+            rejected_ratio_avg = rejected_ratio / rejected_lengths.to(rejected_ratio.dtype)
+        else:
+            chosen_ratio_avg, rejected_ratio_avg = chosen_ratio, rejected_ratio
+        per_pair = (chosen_ratio_avg - rejected_ratio_avg - 1 / (2 * beta)) ** 2
+    chosen_rewards = beta * chosen_ratio.detach()
+    rejected_rewards = beta * rejected_ratio.detach()
+    return _reduce(per_pair, reduction), chosen_rewards, rejected_rewards
+
+
+# ---------------------------------------------------------------- policy gradient, GAE, PPO (ch. 18)
+
+
+def policy_gradient_loss(logprobs: Tensor, rewards: Tensor, baseline: Tensor | float | None = None,
+                         mask: Tensor | None = None) -> Tensor:
+    """REINFORCE: -mean_b (R_b - b) log pi(y_b | x_b), a scalar whose gradient is the policy gradient.
+
+    ``logprobs`` are sequence log-probabilities (B,), or per-token ones (B, T) with a
+    ``mask`` (B, T) of response tokens, summed over the tokens. ``rewards`` (B,) and the
+    ``baseline`` (a number, a () tensor or a (B,) tensor; None for no baseline) are constants
+    (detached). Any baseline that does not depend on the sampled response leaves the
+    expected gradient unchanged and can only reduce its variance.
+    """
+    _check_floating(logprobs, "logprobs")
+    if logprobs.ndim == 2:
+        if mask is None:
+            raise ValueError("per-token logprobs (B, T) need a mask (B, T) of response tokens")
+        seq_logps = masked_sum(logprobs, mask, dim=1)  # (B,)
+    elif logprobs.ndim == 1:
+        if mask is not None:
+            raise ValueError("mask applies to per-token logprobs (B, T) only, got logprobs of "
+                             f"shape {tuple(logprobs.shape)}")
+        seq_logps = logprobs
+    else:
+        raise ValueError(f"logprobs must be (B,) or (B, T), got shape {tuple(logprobs.shape)}")
+    _check_floating(rewards, "rewards")
+    if tuple(rewards.shape) != tuple(seq_logps.shape):
+        raise ValueError(f"rewards must have shape {tuple(seq_logps.shape)} (one per sequence), "
+                         f"got {tuple(rewards.shape)}")
+    weight = rewards.detach()
+    if baseline is not None:
+        if isinstance(baseline, Tensor):
+            _check_floating(baseline, "baseline")
+            if baseline.ndim != 0 and tuple(baseline.shape) != tuple(rewards.shape):
+                raise ValueError(f"baseline must be a scalar or have the shape of rewards, "
+                                 f"{tuple(rewards.shape)}, got {tuple(baseline.shape)}")
+            weight = weight - baseline.detach()
+        else:
+            weight = weight - _number("baseline", baseline)
+    return -(weight * seq_logps).mean()
+
+
+def gae(rewards: Tensor, values: Tensor, gamma: float, lam: float,
+        mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimates and returns, per sequence: (advantages, returns).
+
+    ``rewards`` and ``values`` are (T,) for one sequence or (B, T) for a batch. With the
+    TD errors delta_t = r_t + gamma V_{t+1} - V_t (V_T = 0: the episode ends after the
+    last token), the reversed recursion
+
+        A_t = delta_t + gamma * lam * A_{t+1},   A_T = 0,
+
+    gives A_t = sum_l (gamma lam)^l delta_{t+l}; the returns (the value targets) are
+    A_t + V_t. lam = 0 gives the one-step TD errors; lam = 1 gives the discounted
+    return-to-go minus V_t. A ``mask`` (the shape of ``rewards``) marks the positions inside
+    the episode: at a masked-out position the episode has ended, so neither its value nor
+    its advantage flows backwards, and both outputs are 0 there (right-padded responses).
+    Differentiable (it is linear in rewards and values), though usually run on detached inputs.
+    """
+    _check_same_shape(rewards=rewards, values=values)
+    if rewards.ndim not in (1, 2):
+        raise ValueError(f"rewards must be (T,) or (B, T), got shape {tuple(rewards.shape)}")
+    gamma = _unit_interval("gamma", gamma)
+    lam = _unit_interval("lam", lam)
+    single = rewards.ndim == 1
+    r = rewards.unsqueeze(0) if single else rewards  # (B, T)
+    v = values.unsqueeze(0) if single else values
+    if mask is None:
+        m = torch.ones_like(r)
+    else:
+        m = _check_mask(mask, rewards, "mask", "rewards")
+        m = m.unsqueeze(0) if single else m
+    T = r.shape[1]
+    next_value = torch.zeros_like(r[:, 0])  # (B,)
+    next_adv = torch.zeros_like(r[:, 0])
+    advs: list[Tensor] = []
+    for t in reversed(range(T)):
+        delta = r[:, t] + gamma * next_value - v[:, t]  # (B,)
+        adv = (delta + gamma * lam * next_adv) * m[:, t]
+        advs.append(adv)
+        next_value = v[:, t] * m[:, t]
+        next_adv = adv
+    advantages = torch.stack(advs[::-1], dim=1)  # (B, T)
+    returns = (advantages + v) * m
+    if single:
+        return advantages[0], returns[0]
+    return advantages, returns
+
+
+def ppo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                    clip_eps: float, clip_eps_high: float | None = None) -> tuple[Tensor, Tensor]:
+    """PPO's clipped surrogate as a loss, and the fraction of clipped tokens: (loss, clip_fraction).
+
+    With the ratio rho_t = pi(y_t | .) / pi_old(y_t | .) = exp(logprobs - old_logprobs) and
+    advantage A_t, the per-token loss is max(-rho_t A_t, -clip(rho_t, 1 - eps, 1 + eps) A_t)
+    (Schulman et al., 2017, eq. 7, negated), averaged over the unmasked tokens of the whole
+    batch. ``logprobs``, ``old_logprobs`` and ``mask`` are (B, T); ``advantages`` are (B, T)
+    per token or (B,) per sequence (shared by its tokens). ``clip_eps_high`` sets a different
+    upper bound 1 + eps_high (DAPO's "clip-higher"); it defaults to ``clip_eps``.
+
+    ``clip_fraction`` (detached) is the fraction of unmasked tokens on which the clipped term
+    is the active one, so whose gradient is zero: rho < 1 - eps with A < 0, or rho > 1 + eps
+    with A > 0.
+    """
+    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs)
+    adv = _per_sequence_to_tokens(advantages, logprobs, "advantages").detach()
+    low, high = _clip_range(clip_eps, clip_eps_high)
+    _check_mask(mask, logprobs, "mask", "logprobs")
+    ratio = torch.exp(logprobs - old_logprobs.detach())
+    clipped = torch.clamp(ratio, 1 - low, 1 + high)
+    per_token = torch.maximum(-ratio * adv, -clipped * adv)
+    is_clipped = ((ratio < 1 - low) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))
+    loss = masked_mean(per_token, mask)
+    clip_fraction = masked_mean(is_clipped.to(logprobs.dtype), mask).detach()
+    return loss, clip_fraction
+
+
+def ppo_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor,
+                   clip_eps: float | None) -> tuple[Tensor, Tensor]:
+    """PPO's clipped value loss and its clip fraction: (loss, clip_fraction).
+
+    0.5 * masked mean of max((V - R)^2, (V_clip - R)^2) with
+    V_clip = old_V + clip(V - old_V, -eps, eps): the value head may not move more than eps
+    from the values recorded at rollout time (the ``cliprange_value`` of the PPO
+    implementations for RLHF). ``clip_eps=None`` gives the plain 0.5 * mean (V - R)^2. All
+    tensors (B, T); ``old_values`` and ``returns`` are detached. ``clip_fraction`` is the
+    fraction of unmasked tokens where the clipped term is the larger.
+    """
+    _check_same_shape(values=values, old_values=old_values, returns=returns)
+    _check_mask(mask, values, "mask", "values")
+    old = old_values.detach()
+    target = returns.detach()
+    unclipped = (values - target) ** 2
+    if clip_eps is None:
+        return 0.5 * masked_mean(unclipped, mask), masked_mean(torch.zeros_like(unclipped), mask)
+    eps = _positive("clip_eps", clip_eps)
+    v_clip = old + torch.clamp(values - old, -eps, eps)
+    clipped = (v_clip - target) ** 2
+    loss = 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask)
+    clip_fraction = masked_mean((clipped > unclipped).to(values.dtype), mask).detach()
+    return loss, clip_fraction
+
+
+# ---------------------------------------------------------------- KL estimators
+
+
+class KLEstimates(NamedTuple):
+    """Per-sample estimators of KL(p || q) for samples x ~ p; each has the inputs' shape."""
+
+    k1: Tensor
+    k2: Tensor
+    k3: Tensor
+
+
+def kl_estimators(logp: Tensor, logq: Tensor) -> KLEstimates:
+    """Schulman's k1, k2, k3 estimators of KL(p || q) from log p(x), log q(x) at samples x ~ p.
+
+    With log r = log q(x) - log p(x) (so E_p[r] = 1):
+
+    * k1 = -log r: unbiased, high variance, negative for some samples;
+    * k2 = (log r)^2 / 2: biased (low bias when p and q are close), always >= 0;
+    * k3 = (r - 1) - log r: unbiased (the added r - 1 has mean 0) and always >= 0, since
+      log r <= r - 1. GRPO's KL penalty (Shao et al., 2024, eq. 4) is k3 with p the policy
+      and q the reference model.
+
+    ``logp`` and ``logq`` have one shape; the estimates have it too (average them yourself).
+    """
+    _check_same_shape(logp=logp, logq=logq)
+    log_r = logq - logp
+    return KLEstimates(k1=-log_r, k2=0.5 * log_r ** 2, k3=torch.expm1(log_r) - log_r)
+
+
+# ---------------------------------------------------------------- GRPO (chapter 20)
+
+
+def group_normalized_rewards(rewards: Tensor, group_size: int, normalize_std: bool = True,
+                             eps: float = 1e-4) -> Tensor:
+    """GRPO's advantages: each reward minus its group's mean, over the group's std: (N,) -> (N,).
+
+    ``rewards`` (N,) holds N / group_size groups of ``group_size`` consecutive completions of
+    one prompt. A_i = (r_i - mean_g) / (std_g + eps) with the sample (Bessel-corrected,
+    n - 1) standard deviation of the group, as in trl's ``GRPOTrainer``
+    (``scale_rewards="group"``, eps = 1e-4); with ``normalize_std=False`` A_i = r_i - mean_g
+    (Dr. GRPO's recommendation, trl's ``scale_rewards="none"``). The advantages of each group
+    sum to zero; a group whose rewards are all equal gets zero advantages (no signal).
+    """
+    _check_floating(rewards, "rewards")
+    if rewards.ndim != 1:
+        raise ValueError(f"rewards must be 1-d (N,), got shape {tuple(rewards.shape)}")
+    group_size = check_positive_int("group_size", group_size)
+    if group_size < 2:
+        raise ValueError(f"group_size must be at least 2 (a group of one has no baseline), "
+                         f"got group_size={group_size}")
+    N = rewards.shape[0]
+    if N == 0 or N % group_size:
+        raise ValueError(f"the number of rewards, {N}, must be a positive multiple of "
+                         f"group_size={group_size}")
+    if not isinstance(normalize_std, bool):
+        raise TypeError(f"normalize_std must be a bool, got {normalize_std!r}")
+    eps = _number("eps", eps)
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got eps={eps}")
+    grouped = rewards.view(-1, group_size)  # (N / G, G)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    if normalize_std:
+        std = grouped.std(dim=1, keepdim=True, correction=1)
+        if eps == 0 and bool((std == 0).any()):
+            raise ValueError("a group has all-equal rewards (std 0) and eps=0: its advantages "
+                             "would be 0/0; use eps > 0")
+        centred = centred / (std + eps)
+    return centred.reshape(N)
+
+
+class GRPOLossOutput(NamedTuple):
+    """The GRPO loss and its diagnostics (both detached): token-mean k3 KL and clip fraction."""
+
+    loss: Tensor
+    kl: Tensor | None
+    clip_fraction: Tensor
+
+
+def grpo_loss(logprobs: Tensor, old_logprobs: Tensor | None, ref_logprobs: Tensor | None,
+              advantages: Tensor, mask: Tensor, clip_eps: float, beta: float,
+              aggregation: str = "sequence_mean", clip_eps_high: float | None = None,
+              max_length: int | None = None) -> GRPOLossOutput:
+    """The GRPO loss (Shao et al., 2024, eq. 3, negated): clipped surrogate plus beta * k3 KL.
+
+    Per token (B, T): l_t = -min(rho_t A, clip(rho_t, 1 - eps, 1 + eps_high) A)
+    + beta * k3_t, with rho_t = exp(logprobs - old_logprobs) and k3_t the k3 estimate of
+    KL(pi || pi_ref) from :func:`kl_estimators` (logp = logprobs, logq = ref_logprobs).
+    ``old_logprobs=None`` means the samples come from the current policy (one update per
+    batch): rho = 1 in value, but still carries the gradient. ``advantages`` are (B,) (e.g.
+    from :func:`group_normalized_rewards`) or (B, T). ``ref_logprobs`` may be None only
+    when ``beta == 0``.
+
+    ``aggregation`` turns the per-token losses into a scalar (with ``mask`` (B, T)):
+
+    * ``"sequence_mean"``: mean over sequences of each sequence's token mean (the GRPO
+      paper; trl ``loss_type="grpo"``). A token of a short response weighs more than one of
+      a long response: the length bias of Liu et al., 2025.
+    * ``"token_mean"``: sum over all tokens / number of tokens (trl ``"bnpo"``; DAPO's
+      token-level loss on one device).
+    * ``"constant"``: sum over all tokens / (B * max_length) with ``max_length`` (default
+      T, at least T) the maximum response length (Dr. GRPO; trl ``"dr_grpo"`` with
+      ``max_completion_length``).
+
+    Returns ``GRPOLossOutput(loss, kl, clip_fraction)``; ``kl`` is the token mean of k3
+    (None without ``ref_logprobs``), ``clip_fraction`` as in :func:`ppo_policy_loss`.
+    """
+    _check_floating(logprobs, "logprobs")
+    if logprobs.ndim != 2:
+        raise ValueError(f"logprobs must be (B, T), got shape {tuple(logprobs.shape)}")
+    if old_logprobs is None:
+        old = logprobs.detach()
+    else:
+        _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs)
+        old = old_logprobs.detach()
+    beta = _number("beta", beta)
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got beta={beta}")
+    if ref_logprobs is None:
+        if beta:
+            raise ValueError(f"ref_logprobs is needed for the KL penalty when beta={beta} > 0")
+    else:
+        _check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    if aggregation not in GRPO_AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {GRPO_AGGREGATIONS}, got {aggregation!r}")
+    adv = _per_sequence_to_tokens(advantages, logprobs, "advantages").detach()
+    low, high = _clip_range(clip_eps, clip_eps_high)
+    m = _check_mask(mask, logprobs, "mask", "logprobs")
+    B, T = logprobs.shape
+    if max_length is None:
+        max_length = T
+    else:
+        max_length = check_positive_int("max_length", max_length)
+        if aggregation != "constant":
+            raise ValueError("max_length applies to aggregation='constant' only")
+        if max_length < T:
+            raise ValueError(f"max_length must be at least the padded length T={T}, got "
+                             f"max_length={max_length}")
+
+    ratio = torch.exp(logprobs - old)
+    clipped = torch.clamp(ratio, 1 - low, 1 + high)
+    per_token = -torch.minimum(ratio * adv, clipped * adv)
+    kl = None
+    if ref_logprobs is not None:
+        k3 = kl_estimators(logprobs, ref_logprobs.detach()).k3
+        if beta:
+            per_token = per_token + beta * k3
+        kl = masked_mean(k3, m).detach()
+
+    if aggregation == "sequence_mean":
+        loss = masked_mean(per_token, m, dim=1).mean()
+    elif aggregation == "token_mean":
+        loss = masked_mean(per_token, m)
+    else:
+        loss = masked_sum(per_token, m) / (B * max_length)
+    is_clipped = ((ratio < 1 - low) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))
+    clip_fraction = masked_mean(is_clipped.to(logprobs.dtype), m).detach()
+    return GRPOLossOutput(loss, kl, clip_fraction)

@@ -1,0 +1,826 @@
+"""Tests for llmbook.alignment.losses: reward-model, DPO/IPO, policy-gradient, GAE, PPO, GRPO, KL.
+
+Each loss is checked by worked examples with numbers computed by hand, by properties
+(hypothesis), by float64 ``torch.autograd.gradcheck`` and, where trl 1.16.0 computes the
+same quantity, by a peer test against trl on the same float64 tensors.
+
+How trl is reached. trl's losses live inside trainer methods that normally run a model on
+a tokenised dataset. The peer tests build the trainer with ``object.__new__`` (skipping
+``__init__``), set only the attributes the method reads, and hand it a stub model that
+returns fixed tensors, so trl's own code computes the loss from our inputs:
+
+* ``trl.RewardTrainer.compute_loss`` (Bradley-Terry, with and without margin and centring);
+* ``trl.DPOTrainer._compute_loss`` with ``loss_type=["sigmoid"]`` and ``["ipo"]``;
+* ``trl.GRPOTrainer._compute_loss`` with ``loss_type`` "grpo", "bnpo" and "dr_grpo" (also
+  the PPO clipped policy loss: "bnpo" with beta = 0 and per-token advantages is PPO's
+  token-mean clipped surrogate);
+* ``trl.GRPOTrainer._generate_and_score_completions`` for the group-normalised advantages,
+  with stubbed generation and reward functions.
+
+What has no peer. trl 1.16.0 ships no PPO trainer (it was removed from trl, with its
+``masked_whiten`` helper, its value-function loss and its GAE loop), so :func:`gae` and
+:func:`ppo_value_loss` are checked only against hand computations and an independent
+closed form (A = sum_l (gamma lam)^l delta_{t+l} as a matrix product).
+"""
+
+import math
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmbook.alignment.losses import (
+    GRPOLossOutput,
+    KLEstimates,
+    bradley_terry_loss,
+    dpo_loss,
+    gae,
+    group_normalized_rewards,
+    grpo_loss,
+    kl_estimators,
+    policy_gradient_loss,
+    ppo_policy_loss,
+    ppo_value_loss,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+D = torch.float64
+B, T = 3, 5  # batch and response length, different so a transposed axis cannot hide
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(*shape, seed=0, scale=1.0):
+    return scale * torch.randn(shape, generator=gen(seed), dtype=D)
+
+
+def ragged_mask(lengths, width):
+    """(len(lengths), width) 0/1 long mask with the first lengths[b] positions on."""
+    return (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
+
+
+def sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+# ---------------------------------------------------------------- trl stubs
+
+
+@pytest.fixture(scope="module")
+def trl():
+    """trl, imported once (slow); the peer tests are written against 1.16.0's internals."""
+    trl = pytest.importorskip("trl")
+    if trl.__version__ != "1.16.0":
+        pytest.skip(f"peer tests read trl 1.16.0's trainer internals, found trl {trl.__version__}")
+    return trl
+
+
+class _Accelerator:
+    """A single-process accelerate.Accelerator: gathering and reducing are the identity."""
+
+    device = torch.device("cpu")
+    num_processes = 1
+    process_index = 0
+    sync_gradients = True
+
+    def gather(self, x):
+        return x
+
+    gather_for_metrics = gather
+
+    def reduce(self, x, reduction="sum"):
+        return x
+
+
+class _EvalModel:
+    """Stands for the trainer's model in eval mode (no gradient-accumulation scaling)."""
+
+    training = False
+    is_gradient_checkpointing = False
+
+    def __init__(self, output=None):
+        self.output = output
+
+    def __call__(self, **kwargs):
+        return self.output
+
+
+def _metrics():
+    return {"train": defaultdict(list), "eval": defaultdict(list)}
+
+
+def _bare(cls, **attributes):
+    """An instance of a trl trainer class without running its __init__, with ``attributes`` set."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(accelerator=_Accelerator(), _metrics=_metrics(), **attributes)
+    return obj
+
+
+# ---------------------------------------------------------------- Bradley-Terry (chapter 17)
+
+
+def test_bradley_terry_worked_example():
+    rc = torch.tensor([2.0, 0.5], dtype=D)
+    rr = torch.tensor([1.0, 1.5], dtype=D)
+    # differences +1 and -1: -log sigma(1) = log(1 + e^-1), -log sigma(-1) = log(1 + e)
+    expected = (math.log1p(math.exp(-1)) + math.log1p(math.e)) / 2
+    assert bradley_terry_loss(rc, rr).item() == pytest.approx(expected, abs=1e-15)
+    # a margin of 1 turns the differences into 0 and -2
+    expected_m = (math.log(2) + math.log1p(math.exp(2))) / 2
+    assert bradley_terry_loss(rc, rr, margin=1.0).item() == pytest.approx(expected_m, abs=1e-15)
+    # centring adds c * mean((rc + rr)^2) = 0.1 * (9 + 4) / 2
+    assert bradley_terry_loss(rc, rr, center_coefficient=0.1).item() == \
+        pytest.approx(expected + 0.65, abs=1e-15)
+    # one pair as 0-d tensors; equal rewards give log 2
+    assert bradley_terry_loss(torch.tensor(0.3, dtype=D), torch.tensor(0.3, dtype=D)).item() == \
+        pytest.approx(math.log(2), abs=1e-15)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(-5, 5), st.floats(-5, 5), st.floats(0.01, 3))
+def test_bradley_terry_decreases_as_the_chosen_reward_grows(rc, rr, step):
+    rc_t, rr_t = torch.tensor([rc], dtype=D), torch.tensor([rr], dtype=D)
+    assert bradley_terry_loss(rc_t + step, rr_t) < bradley_terry_loss(rc_t, rr_t)
+    assert bradley_terry_loss(rc_t, rr_t) > 0
+
+
+def test_bradley_terry_gradcheck():
+    rc = randn(4, seed=1).requires_grad_()
+    rr = randn(4, seed=2).requires_grad_()
+    margin = randn(4, seed=3).abs()
+    assert torch.autograd.gradcheck(lambda a, b: bradley_terry_loss(a, b, margin, 0.05), (rc, rr))
+
+
+def test_bradley_terry_bad_inputs():
+    with pytest.raises(ValueError, match="r_rejected"):
+        bradley_terry_loss(torch.zeros(3, dtype=D), torch.zeros(4, dtype=D))
+    with pytest.raises(ValueError, match="r_chosen"):
+        bradley_terry_loss(torch.zeros(2, 3, dtype=D), torch.zeros(2, 3, dtype=D))
+    with pytest.raises(TypeError, match="r_chosen"):
+        bradley_terry_loss(torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=D))
+    with pytest.raises(ValueError, match="margin"):
+        bradley_terry_loss(torch.zeros(3, dtype=D), torch.zeros(3, dtype=D), torch.zeros(2, dtype=D))
+    with pytest.raises(ValueError, match="center_coefficient"):
+        bradley_terry_loss(torch.zeros(3, dtype=D), torch.zeros(3, dtype=D), center_coefficient=-1)
+
+
+@pytest.mark.parametrize("with_margin", [False, True])
+@pytest.mark.parametrize("center", [None, 0.01])
+def test_bradley_terry_matches_trl(trl, with_margin, center):
+    """Peer: ``trl.RewardTrainer.compute_loss`` (-logsigmoid(r_c - r_r [- margin]).mean()
+    [+ center_rewards_coefficient * mean((r_c + r_r)^2)]), on a stub reward model."""
+    n = 6
+    rc, rr, margin = randn(n, seed=4), randn(n, seed=5), randn(n, seed=6).abs()
+    model = _EvalModel(SimpleNamespace(logits=torch.cat([rc, rr])[:, None]))  # (2n, 1)
+    trainer = _bare(trl.RewardTrainer, model=model,
+                    args=SimpleNamespace(center_rewards_coefficient=center),
+                    _total_train_tokens=0, _tp_size=1)
+    inputs = {"input_ids": torch.zeros(2 * n, 4, dtype=torch.long),
+              "attention_mask": torch.ones(2 * n, 4, dtype=torch.long)}
+    if with_margin:
+        inputs["margin"] = margin
+    theirs = trainer.compute_loss(model, inputs)
+    ours = bradley_terry_loss(rc, rr, margin if with_margin else None, center or 0.0)
+    assert abs(theirs - ours).item() < 1e-12
+
+
+# ---------------------------------------------------------------- DPO and IPO (chapter 19)
+
+
+def test_dpo_sigmoid_worked_example():
+    # chosen log-ratio -5 - (-6) = 1, rejected -7 - (-6) = -1: margin h = 2, beta h = 0.2
+    pc, pr, rc, rr = (torch.tensor(v, dtype=D) for v in (-5.0, -7.0, -6.0, -6.0))
+    loss, chosen_r, rejected_r = dpo_loss(pc, pr, rc, rr, beta=0.1)
+    assert loss.item() == pytest.approx(-math.log(sigmoid(0.2)), abs=1e-15)
+    assert loss.item() == pytest.approx(math.log1p(math.exp(-0.2)), abs=1e-15)
+    assert (chosen_r.item(), rejected_r.item()) == pytest.approx((0.1, -0.1), abs=1e-15)
+    assert chosen_r.shape == () and not chosen_r.requires_grad
+    # conservative DPO: -(1 - eps) log sigma(0.2) - eps log sigma(-0.2)
+    smoothed, _, _ = dpo_loss(pc, pr, rc, rr, beta=0.1, label_smoothing=0.2)
+    expected = -0.8 * math.log(sigmoid(0.2)) - 0.2 * math.log(sigmoid(-0.2))
+    assert smoothed.item() == pytest.approx(expected, abs=1e-15)
+
+
+def test_dpo_batched_is_the_mean_of_pairs():
+    pc, pr, rc, rr = (randn(B, seed=s, scale=3) for s in range(4))
+    loss, cr, rj = dpo_loss(pc, pr, rc, rr, beta=0.5)
+    per_pair, _, _ = dpo_loss(pc, pr, rc, rr, beta=0.5, reduction="none")
+    assert per_pair.shape == (B,) and cr.shape == (B,) and rj.shape == (B,)
+    singles = [dpo_loss(pc[i], pr[i], rc[i], rr[i], beta=0.5)[0] for i in range(B)]
+    torch.testing.assert_close(per_pair, torch.stack(singles), rtol=0, atol=1e-15)
+    torch.testing.assert_close(loss, per_pair.mean(), rtol=0, atol=1e-15)
+    torch.testing.assert_close(cr, 0.5 * (pc - rc), rtol=0, atol=1e-15)
+
+
+def test_ipo_worked_example():
+    # log-ratios 6 (over 3 tokens) and -2 (over 4 tokens): h' = 2 - (-0.5) = 2.5; beta = 0.25
+    pc, pr, rc, rr = (torch.tensor([v], dtype=D) for v in (-10.0, -14.0, -16.0, -12.0))
+    loss, chosen_r, _ = dpo_loss(pc, pr, rc, rr, beta=0.25, loss_type="ipo",
+                                 chosen_lengths=torch.tensor([3]), rejected_lengths=torch.tensor([4]))
+    assert loss.item() == pytest.approx((2.5 - 1 / (2 * 0.25)) ** 2, abs=1e-15)  # 0.25
+    assert chosen_r.item() == pytest.approx(0.25 * 6, abs=1e-15)  # rewards are not averaged
+    # without lengths the log-ratios are used as they are: h = 8
+    loss_raw, _, _ = dpo_loss(pc, pr, rc, rr, beta=0.25, loss_type="ipo")
+    assert loss_raw.item() == pytest.approx((8 - 2) ** 2, abs=1e-13)
+
+
+def test_dpo_gradient_by_hand():
+    """dL/dh = -beta sigma(-beta h) for L = -log sigma(beta h), h = (pc - rc) - (pr - rr)."""
+    beta = 0.7
+    pc, pr = randn(B, seed=10, scale=3).requires_grad_(), randn(B, seed=11, scale=3).requires_grad_()
+    rc, rr = randn(B, seed=12, scale=3).requires_grad_(), randn(B, seed=13, scale=3).requires_grad_()
+    loss, _, _ = dpo_loss(pc, pr, rc, rr, beta)
+    loss.backward()
+    h = ((pc - rc) - (pr - rr)).detach()
+    dl_dh = -beta * torch.sigmoid(-beta * h) / B  # the mean over the B pairs
+    torch.testing.assert_close(pc.grad, dl_dh, rtol=0, atol=1e-15)
+    torch.testing.assert_close(pr.grad, -dl_dh, rtol=0, atol=1e-15)
+    torch.testing.assert_close(rc.grad, -dl_dh, rtol=0, atol=1e-15)
+    torch.testing.assert_close(rr.grad, dl_dh, rtol=0, atol=1e-15)
+    # the gradient vanishes for pairs ranked right by a wide margin and tends to -beta otherwise
+    assert abs(dl_dh).max() < beta / B
+
+
+@pytest.mark.parametrize("loss_type,eps", [("sigmoid", 0.0), ("sigmoid", 0.1), ("ipo", 0.0)])
+def test_dpo_gradcheck(loss_type, eps):
+    inputs = tuple(randn(B, seed=20 + s, scale=2).requires_grad_() for s in range(4))
+    lengths = {} if loss_type == "sigmoid" else {"chosen_lengths": torch.tensor([3, 1, 5]),
+                                                 "rejected_lengths": torch.tensor([2, 4, 6])}
+
+    def f(*x):
+        return dpo_loss(*x, beta=0.3, loss_type=loss_type, label_smoothing=eps, **lengths)[0]
+
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(-20, 20), st.floats(0.01, 5), st.floats(0.05, 2.0), st.floats(0, 0.45))
+def test_dpo_loss_decreases_as_the_margin_grows(margin, step, beta, eps):
+    def loss_at(h, smoothing=0.0):
+        pc = torch.tensor([h], dtype=D)
+        zero = torch.zeros(1, dtype=D)
+        return dpo_loss(pc, zero, zero, zero, beta, label_smoothing=smoothing)[0].item()
+
+    assert loss_at(margin + step) < loss_at(margin)
+    assert loss_at(margin) > 0
+    # sigma(0) = 1/2: log 2 at a zero margin, whatever the label smoothing
+    assert loss_at(0.0, eps) == pytest.approx(math.log(2), abs=1e-12)
+    # with smoothing eps the loss is smallest at beta h = log((1 - eps) / eps), not at infinity
+    if eps > 0.01:
+        best = math.log((1 - eps) / eps) / beta
+        assert loss_at(best, eps) <= min(loss_at(best + step, eps), loss_at(best - step, eps))
+
+
+def test_dpo_bad_inputs():
+    x = torch.zeros(3, dtype=D)
+    with pytest.raises(ValueError, match="beta"):
+        dpo_loss(x, x, x, x, beta=0.0)
+    with pytest.raises(ValueError, match="beta"):
+        dpo_loss(x, x, x, x, beta=-1.0)
+    with pytest.raises(ValueError, match="loss_type"):
+        dpo_loss(x, x, x, x, beta=0.1, loss_type="hinge")
+    with pytest.raises(ValueError, match="ref_rejected_logps"):
+        dpo_loss(x, x, x, torch.zeros(4, dtype=D), beta=0.1)
+    with pytest.raises(ValueError, match="policy_chosen_logps"):
+        dpo_loss(*(torch.zeros(2, 3, dtype=D),) * 4, beta=0.1)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        dpo_loss(x, x, x, x, beta=0.1, label_smoothing=0.5)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        dpo_loss(x, x, x, x, beta=0.1, loss_type="ipo", label_smoothing=0.1)
+    with pytest.raises(ValueError, match="ipo"):
+        dpo_loss(x, x, x, x, beta=0.1, chosen_lengths=torch.ones(3), rejected_lengths=torch.ones(3))
+    with pytest.raises(ValueError, match="chosen_lengths"):
+        dpo_loss(x, x, x, x, beta=0.1, loss_type="ipo", chosen_lengths=torch.tensor([1, 0, 2]),
+                 rejected_lengths=torch.ones(3))
+    with pytest.raises(ValueError, match="both"):
+        dpo_loss(x, x, x, x, beta=0.1, loss_type="ipo", chosen_lengths=torch.ones(3))
+    with pytest.raises(ValueError, match="reduction"):
+        dpo_loss(x, x, x, x, beta=0.1, reduction="sum")
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
+def test_dpo_matches_trl(trl, loss_type):
+    """Peer: ``trl.DPOTrainer._compute_loss`` with ``loss_types=[loss_type]``, precomputed
+    reference log-probs and a stub model whose ``log_probs`` (per token, 0 off the
+    completion) trl sums into sequence log-probabilities (and, for IPO, divides by the
+    completion lengths ``completion_mask.sum(1)``). Also compares the logged mean rewards."""
+    n, width, beta = 3, 8, 0.3
+    lengths = [2, 6, 3, 5, 1, 7]  # completion tokens of the 3 chosen, then the 3 rejected
+    completion_mask = torch.zeros(2 * n, width, dtype=torch.long)
+    for i, length in enumerate(lengths):
+        completion_mask[i, width - length:] = 1  # the completion follows the prompt
+    token_logps = -3 * torch.rand(2 * n, width - 1, generator=gen(30), dtype=D)
+    token_logps = token_logps * completion_mask[:, 1:]  # trl's labels are -100 off the completion
+    ref = randn(2 * n, seed=31, scale=4) - 8
+    zeros = torch.zeros(2 * n, width - 1, dtype=D)
+    output = SimpleNamespace(log_probs=token_logps, entropy=zeros, mean_logits=zeros,
+                             is_top1=zeros.bool())
+    trainer = _bare(trl.DPOTrainer, model=_EvalModel(output), aux_loss_enabled=False,
+                    ld_alpha=None, precompute_ref_logps=True, f_divergence_type="reverse_kl",
+                    loss_types=[loss_type], loss_weights=[1.0], beta=beta, label_smoothing=0.0,
+                    use_weighting=False, _total_train_tokens=0, _tp_size=1)
+    inputs = {"input_ids": torch.zeros(2 * n, width, dtype=torch.long),
+              "attention_mask": torch.ones(2 * n, width, dtype=torch.long),
+              "completion_mask": completion_mask,
+              "ref_chosen_logps": ref[:n], "ref_rejected_logps": ref[n:]}
+    theirs = trainer._compute_loss(trainer.model, inputs, return_outputs=False)
+
+    seq = token_logps.sum(dim=1)
+    counts = completion_mask.sum(dim=1)
+    extra = {} if loss_type == "sigmoid" else {"chosen_lengths": counts[:n],
+                                               "rejected_lengths": counts[n:]}
+    ours, chosen_r, rejected_r = dpo_loss(seq[:n], seq[n:], ref[:n], ref[n:], beta,
+                                          loss_type=loss_type, **extra)
+    assert abs(theirs - ours).item() < 1e-12
+    logged = trainer._metrics["eval"]
+    assert logged["rewards/chosen"][0] == pytest.approx(chosen_r.mean().item(), abs=1e-12)
+    assert logged["rewards/rejected"][0] == pytest.approx(rejected_r.mean().item(), abs=1e-12)
+
+
+# ---------------------------------------------------------------- policy gradient (chapter 18)
+
+
+def test_policy_gradient_worked_example():
+    logp = torch.tensor([-1.0, -2.0, -0.5], dtype=D, requires_grad=True)
+    rewards = torch.tensor([1.0, 0.0, 2.0], dtype=D)
+    loss = policy_gradient_loss(logp, rewards, baseline=1.0)
+    # -(0 * -1 + (-1) * -2 + 1 * -0.5) / 3 = -(2 - 0.5) / 3
+    assert loss.item() == pytest.approx(-0.5, abs=1e-15)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([0.0, 1.0, -1.0], dtype=D) / 3)
+    # per-token log-probabilities with a mask sum to the same sequence log-probabilities
+    tokens = torch.tensor([[-0.4, -0.6, 9.0], [-2.0, 7.0, 7.0], [-0.25, -0.25, 5.0]], dtype=D)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 0]])
+    per_token = policy_gradient_loss(tokens, rewards, torch.tensor(1.0, dtype=D), mask=mask)
+    assert per_token.item() == pytest.approx(-0.5, abs=1e-15)
+
+
+def test_policy_gradient_baseline_leaves_the_expected_gradient_unchanged():
+    """E_{a ~ pi}[(R_a - b) grad log pi_a] = E[R_a grad log pi_a] for a constant b, exactly."""
+    theta = randn(4, seed=40).requires_grad_()
+    rewards = randn(4, seed=41)
+
+    def expected_gradient(baseline):
+        logp = torch.log_softmax(theta, dim=0)
+        probs = logp.exp().detach()
+        total = sum(probs[a] * policy_gradient_loss(logp[a:a + 1], rewards[a:a + 1], baseline)
+                    for a in range(4))
+        return torch.autograd.grad(total, theta)[0]
+
+    g0 = expected_gradient(None)
+    torch.testing.assert_close(expected_gradient(3.7), g0, rtol=0, atol=1e-14)
+    torch.testing.assert_close(expected_gradient(-1.2), g0, rtol=0, atol=1e-14)
+    assert g0.abs().max() > 1e-3
+
+
+def test_policy_gradient_bad_inputs():
+    x = torch.zeros(3, dtype=D)
+    with pytest.raises(ValueError, match="rewards"):
+        policy_gradient_loss(x, torch.zeros(4, dtype=D))
+    with pytest.raises(ValueError, match="mask"):
+        policy_gradient_loss(torch.zeros(3, 4, dtype=D), x)
+    with pytest.raises(ValueError, match="mask"):
+        policy_gradient_loss(x, x, mask=torch.ones(3))
+    with pytest.raises(ValueError, match="baseline"):
+        policy_gradient_loss(x, x, baseline=torch.zeros(2, dtype=D))
+
+
+# ---------------------------------------------------------------- GAE
+
+
+def test_gae_worked_example():
+    rewards = torch.tensor([0.0, 0.0, 1.0], dtype=D)
+    values = torch.tensor([0.5, 0.25, 0.75], dtype=D)
+    gamma, lam = 0.9, 0.5
+    # delta = r_t + gamma V_{t+1} - V_t, with V_3 = 0
+    d2 = 1.0 - 0.75  # 0.25
+    d1 = 0.0 + 0.9 * 0.75 - 0.25  # 0.425
+    d0 = 0.0 + 0.9 * 0.25 - 0.5  # -0.275
+    a2 = d2
+    a1 = d1 + 0.45 * a2
+    a0 = d0 + 0.45 * a1
+    adv, ret = gae(rewards, values, gamma, lam)
+    torch.testing.assert_close(adv, torch.tensor([a0, a1, a2], dtype=D), rtol=0, atol=1e-15)
+    torch.testing.assert_close(ret, adv + values, rtol=0, atol=1e-15)
+
+
+def test_gae_lambda_zero_is_td_error_and_lambda_one_is_return_minus_value():
+    rewards, values, gamma = randn(B, T, seed=50), randn(B, T, seed=51), 0.8
+    next_values = torch.cat([values[:, 1:], torch.zeros(B, 1, dtype=D)], dim=1)
+    td = rewards + gamma * next_values - values
+    adv0, ret0 = gae(rewards, values, gamma, 0.0)
+    torch.testing.assert_close(adv0, td, rtol=0, atol=1e-14)
+    torch.testing.assert_close(ret0, rewards + gamma * next_values, rtol=0, atol=1e-14)
+    discounted = torch.zeros_like(rewards)  # G_t = sum_l gamma^l r_{t+l}
+    running = torch.zeros(B, dtype=D)
+    for t in reversed(range(T)):
+        running = rewards[:, t] + gamma * running
+        discounted[:, t] = running
+    adv1, ret1 = gae(rewards, values, gamma, 1.0)
+    torch.testing.assert_close(adv1, discounted - values, rtol=0, atol=1e-14)
+    torch.testing.assert_close(ret1, discounted, rtol=0, atol=1e-14)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.floats(0, 1), st.floats(0, 1), st.integers(1, 7), st.integers(0, 10**6))
+def test_gae_equals_the_closed_form(gamma, lam, length, seed):
+    """A_t = sum_{l >= 0} (gamma lam)^l delta_{t+l}: an upper-triangular matrix times delta."""
+    rewards, values = randn(2, length, seed=seed), randn(2, length, seed=seed + 1)
+    next_values = torch.cat([values[:, 1:], torch.zeros(2, 1, dtype=D)], dim=1)
+    delta = rewards + gamma * next_values - values
+    offsets = torch.arange(length)[None, :] - torch.arange(length)[:, None]  # l = s - t
+    weights = torch.where(offsets >= 0, (gamma * lam) ** offsets.clamp(min=0).to(D),
+                          torch.zeros((), dtype=D))
+    adv, _ = gae(rewards, values, gamma, lam)
+    torch.testing.assert_close(adv, delta @ weights.T, rtol=0, atol=1e-12)
+
+
+def test_gae_batch_rows_and_mask():
+    rewards, values = randn(B, T, seed=60), randn(B, T, seed=61)
+    adv, ret = gae(rewards, values, 0.95, 0.9)
+    for b in range(B):  # a batch is its rows, one at a time
+        a_b, r_b = gae(rewards[b], values[b], 0.95, 0.9)
+        torch.testing.assert_close(adv[b], a_b, rtol=0, atol=1e-15)
+        torch.testing.assert_close(ret[b], r_b, rtol=0, atol=1e-15)
+    lengths = [5, 2, 3]
+    mask = ragged_mask(lengths, T)
+    adv_m, ret_m = gae(rewards, values, 0.95, 0.9, mask=mask)
+    for b, n in enumerate(lengths):  # a right-padded row is its unpadded prefix, then zeros
+        a_b, r_b = gae(rewards[b, :n], values[b, :n], 0.95, 0.9)
+        torch.testing.assert_close(adv_m[b, :n], a_b, rtol=0, atol=1e-15)
+        torch.testing.assert_close(ret_m[b, :n], r_b, rtol=0, atol=1e-15)
+        assert (adv_m[b, n:] == 0).all() and (ret_m[b, n:] == 0).all()
+
+
+def test_gae_gradcheck_and_bad_inputs():
+    r, v = randn(2, 4, seed=62).requires_grad_(), randn(2, 4, seed=63).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: gae(a, b, 0.9, 0.7), (r, v))
+    with pytest.raises(ValueError, match="gamma"):
+        gae(r, v, 1.5, 0.9)
+    with pytest.raises(ValueError, match="lam"):
+        gae(r, v, 0.9, -0.1)
+    with pytest.raises(ValueError, match="values"):
+        gae(r, v[:, :3], 0.9, 0.9)
+    with pytest.raises(ValueError, match="mask"):
+        gae(r, v, 0.9, 0.9, mask=torch.ones(2, 3))
+
+
+# ---------------------------------------------------------------- PPO
+
+
+def test_ppo_policy_loss_worked_example():
+    old = torch.zeros(1, 4, dtype=D)
+    # ratios 1.5, 0.5, 1.1, 0.7 with advantages +1, -2, +1, +3; eps = 0.2
+    logprobs = torch.log(torch.tensor([[1.5, 0.5, 1.1, 0.7]], dtype=D))
+    adv = torch.tensor([[1.0, -2.0, 1.0, 3.0]], dtype=D)
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    loss, clip_fraction = ppo_policy_loss(logprobs, old, adv, mask, clip_eps=0.2)
+    # per token max(-r A, -clip(r) A): max(-1.5, -1.2) = -1.2; max(1.0, 1.6) = 1.6;
+    # max(-1.1, -1.1) = -1.1; max(-2.1, -2.4) = -2.1 (clip(0.7) = 0.8 but the min keeps 0.7)
+    assert loss.item() == pytest.approx((-1.2 + 1.6 - 1.1 - 2.1) / 4, abs=1e-14)
+    assert clip_fraction.item() == pytest.approx(2 / 4)  # tokens 0 and 1 are clipped
+    mask[0, 3] = False  # a masked token does not count
+    loss3, frac3 = ppo_policy_loss(logprobs, old, adv, mask, clip_eps=0.2)
+    assert loss3.item() == pytest.approx((-1.2 + 1.6 - 1.1) / 3, abs=1e-14)
+    assert frac3.item() == pytest.approx(2 / 3)
+
+
+def test_ppo_policy_loss_on_policy_gradient_is_the_policy_gradient():
+    """At ratio 1 (old = current) the gradient is -A grad log pi / (number of tokens)."""
+    logprobs = (-randn(B, T, seed=70).abs()).requires_grad_()
+    adv = randn(B, seed=71)
+    mask = ragged_mask([5, 2, 4], T)
+    loss, frac = ppo_policy_loss(logprobs, logprobs.detach(), adv, mask, clip_eps=0.2)
+    loss.backward()
+    expected = -adv[:, None].expand(B, T) * mask / mask.sum()
+    torch.testing.assert_close(logprobs.grad, expected, rtol=0, atol=1e-15)
+    assert frac.item() == 0
+
+
+def test_ppo_policy_loss_gradcheck_and_bad_inputs():
+    logprobs = randn(B, T, seed=72, scale=0.05).requires_grad_()  # ratios near 1: no kinks
+    old, adv, mask = randn(B, T, seed=73, scale=0.05), randn(B, T, seed=74), ragged_mask([5, 2, 4], T)
+    assert torch.autograd.gradcheck(lambda x: ppo_policy_loss(x, old, adv, mask, 0.5)[0], (logprobs,))
+    with pytest.raises(ValueError, match="mask"):
+        ppo_policy_loss(logprobs, old, adv, mask[:, :4], 0.2)
+    with pytest.raises(ValueError, match="mask has no ones"):
+        ppo_policy_loss(logprobs, old, adv, torch.zeros(B, T), 0.2)
+    with pytest.raises(ValueError, match="advantages"):
+        ppo_policy_loss(logprobs, old, adv[:, :2], mask, 0.2)
+    with pytest.raises(ValueError, match="clip_eps"):
+        ppo_policy_loss(logprobs, old, adv, mask, 1.0)
+    with pytest.raises(ValueError, match="mask must hold only 0 and 1"):
+        ppo_policy_loss(logprobs, old, adv, 2 * mask, 0.2)
+
+
+@pytest.mark.parametrize("eps_high", [None, 0.28])
+def test_ppo_policy_loss_matches_trl(trl, eps_high):
+    """Peer: ``trl.GRPOTrainer._compute_loss`` with ``loss_type="bnpo"``, ``beta=0`` and
+    per-token advantages (B, T): the token-mean clipped surrogate of PPO. The clip fraction
+    is trl's ``clip_ratio/region_mean`` metric, which trl computes in float32."""
+    logprobs = -randn(B, T, seed=80).abs()
+    old = logprobs + randn(B, T, seed=81, scale=0.3)
+    adv = randn(B, T, seed=82)
+    mask = ragged_mask([5, 2, 4], T)
+    theirs, logged = _trl_grpo(trl, "bnpo", logprobs, old, None, adv, mask, 0.0, 0.2,
+                               eps_high or 0.2)
+    ours, clip_fraction = ppo_policy_loss(logprobs, old, adv, mask, 0.2, eps_high)
+    assert abs(theirs - ours).item() < 1e-12
+    assert clip_fraction.item() > 0
+    assert logged["clip_ratio/region_mean"][0] == pytest.approx(clip_fraction.item(), abs=1e-7)
+
+
+def test_ppo_value_loss_worked_example():
+    old = torch.tensor([[1.0, 1.0, 1.0]], dtype=D)
+    values = torch.tensor([[1.5, 0.9, 0.0]], dtype=D)
+    returns = torch.tensor([[2.0, 0.0, 1.0]], dtype=D)
+    mask = torch.ones(1, 3)
+    loss, frac = ppo_value_loss(values, old, returns, mask, clip_eps=0.2)
+    # clipped values 1.2, 0.9, 0.8; squared errors unclipped (0.25, 0.81, 1.0),
+    # clipped (0.64, 0.81, 0.04): the max is 0.64, 0.81, 1.0
+    assert loss.item() == pytest.approx(0.5 * (0.64 + 0.81 + 1.0) / 3, abs=1e-14)
+    assert frac.item() == pytest.approx(1 / 3)
+    plain, zero = ppo_value_loss(values, old, returns, mask, clip_eps=None)
+    assert plain.item() == pytest.approx(0.5 * (0.25 + 0.81 + 1.0) / 3, abs=1e-14)
+    assert zero.item() == 0
+
+
+def test_ppo_value_loss_gradcheck_and_bad_inputs():
+    values = randn(B, T, seed=90).requires_grad_()
+    old, returns, mask = randn(B, T, seed=91), randn(B, T, seed=92), ragged_mask([1, 5, 3], T)
+    assert torch.autograd.gradcheck(lambda v: ppo_value_loss(v, old, returns, mask, 5.0)[0],
+                                    (values,))
+    with pytest.raises(ValueError, match="returns"):
+        ppo_value_loss(values, old, returns[:2], mask, 0.2)
+    with pytest.raises(ValueError, match="clip_eps"):
+        ppo_value_loss(values, old, returns, mask, 0.0)
+    with pytest.raises(ValueError, match="mask has no ones"):
+        ppo_value_loss(values, old, returns, torch.zeros(B, T, dtype=torch.bool), 0.2)
+
+
+# ---------------------------------------------------------------- KL estimators
+
+
+def test_kl_estimators_worked_example():
+    est = kl_estimators(torch.tensor(math.log(0.5), dtype=D), torch.tensor(math.log(0.25), dtype=D))
+    assert isinstance(est, KLEstimates)
+    # log r = log(0.25 / 0.5) = -log 2
+    assert est.k1.item() == pytest.approx(math.log(2), abs=1e-15)
+    assert est.k2.item() == pytest.approx(0.5 * math.log(2) ** 2, abs=1e-15)
+    assert est.k3.item() == pytest.approx(0.5 - 1 + math.log(2), abs=1e-15)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 9), st.integers(0, 10**6))
+def test_kl_estimators_expectations(k, seed):
+    """Over x ~ p exactly: E[k1] = E[k3] = KL(p || q) (unbiased); k2, k3 >= 0 pointwise."""
+    logp = torch.log_softmax(randn(k, seed=seed), dim=0)
+    logq = torch.log_softmax(randn(k, seed=seed + 1), dim=0)
+    p = logp.exp()
+    est = kl_estimators(logp, logq)
+    kl = torch.distributions.kl_divergence(torch.distributions.Categorical(logits=logp),
+                                           torch.distributions.Categorical(logits=logq))
+    assert (p * est.k1).sum().item() == pytest.approx(kl.item(), abs=1e-12)
+    assert (p * est.k3).sum().item() == pytest.approx(kl.item(), abs=1e-12)
+    assert (est.k2 >= 0).all() and (est.k3 >= 0).all()
+    with pytest.raises(ValueError, match="logq"):
+        kl_estimators(logp, logq[:-1])
+
+
+# ---------------------------------------------------------------- GRPO (chapter 20)
+
+
+def test_group_normalized_rewards_worked_example():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0], dtype=D)
+    adv = group_normalized_rewards(rewards, group_size=4)
+    # group 1: mean 1/2, sample std sqrt(4 * 1/4 / 3) = sqrt(1/3); group 2: all equal -> 0
+    a = 0.5 / (math.sqrt(1 / 3) + 1e-4)
+    torch.testing.assert_close(adv, torch.tensor([a, -a, -a, a, 0, 0, 0, 0], dtype=D),
+                               rtol=0, atol=1e-15)
+    centred = group_normalized_rewards(rewards, group_size=4, normalize_std=False)
+    torch.testing.assert_close(centred, torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0], dtype=D))
+    two_groups_of_two = group_normalized_rewards(torch.tensor([3.0, 1.0, 0.0, 4.0], dtype=D), 2,
+                                                 eps=0.0)
+    s = math.sqrt(2)  # the sample std of {a, b} is |a - b| / sqrt 2
+    torch.testing.assert_close(two_groups_of_two,
+                               torch.tensor([1 / s, -1 / s, -1 / s, 1 / s], dtype=D))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 4), st.integers(2, 6), st.integers(0, 10**6), st.booleans())
+def test_group_normalized_rewards_have_mean_zero_per_group(groups, size, seed, normalize):
+    rewards = randn(groups * size, seed=seed, scale=3)
+    adv = group_normalized_rewards(rewards, size, normalize_std=normalize)
+    per_group = adv.view(groups, size)
+    torch.testing.assert_close(per_group.mean(dim=1), torch.zeros(groups, dtype=D),
+                               rtol=0, atol=1e-12)
+    if normalize:  # std of A = s / (s + eps) < 1, and close to 1 for a spread-out group
+        s = rewards.view(groups, size).std(dim=1)
+        torch.testing.assert_close(per_group.std(dim=1), s / (s + 1e-4), rtol=0, atol=1e-12)
+
+
+def test_group_normalized_rewards_bad_inputs():
+    with pytest.raises(ValueError, match="group_size"):
+        group_normalized_rewards(torch.zeros(6, dtype=D), 4)
+    with pytest.raises(ValueError, match="group_size"):
+        group_normalized_rewards(torch.zeros(6, dtype=D), 1)
+    with pytest.raises(ValueError, match="group_size"):
+        group_normalized_rewards(torch.zeros(0, dtype=D), 2)
+    with pytest.raises(ValueError, match="group_size"):
+        group_normalized_rewards(torch.zeros(6, dtype=D), 0)
+    with pytest.raises(ValueError, match="rewards"):
+        group_normalized_rewards(torch.zeros(2, 3, dtype=D), 3)
+    with pytest.raises(ValueError, match="eps"):
+        group_normalized_rewards(torch.ones(4, dtype=D), 2, eps=0.0)
+
+
+@pytest.mark.parametrize("scale_rewards", ["group", "none"])
+def test_group_normalized_rewards_match_trl(trl, scale_rewards):
+    """Peer: ``trl.GRPOTrainer._generate_and_score_completions`` (the ``advantages`` it
+    returns, ``multi_objective_aggregation="sum_then_normalize"``) with ``_generate`` and
+    ``_calculate_rewards`` stubbed to return fixed completions and rewards. Run under
+    ``torch.set_default_dtype(float64)``: trl's ``nanstd`` forms the Bessel factor
+    n / (n - 1) by dividing integer tensors, which otherwise rounds it to float32."""
+    groups, size = 3, 4
+    n = groups * size
+    rewards = randn(n, seed=100, scale=2)
+    rewards[4:8] = 1.5  # one group with equal rewards: zero std
+    trainer = _bare(
+        trl.GRPOTrainer, model=_EvalModel(), environment_factories=None, environments=None,
+        tools=[], _tokenizer=SimpleNamespace(pad_token_id=0), pad_to_multiple_of=None,
+        mask_truncated_completions=False, num_iterations=1, use_vllm=False,
+        vllm_importance_sampling_correction=False, beta=0.0, num_generations_eval=size,
+        multi_objective_aggregation="sum_then_normalize", reward_weights=torch.ones(1, dtype=D),
+        scale_rewards=scale_rewards, reward_func_names=["r"], _pending_extra_logs={},
+        _pending_metrics={}, log_multimodal=False,
+        _logs={"prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [],
+               "extra": defaultdict(list)},
+        args=SimpleNamespace(per_device_eval_batch_size=n, gradient_checkpointing_kwargs=None,
+                             steps_per_generation=1, gradient_accumulation_steps=1))
+    trainer._generate = lambda prompts: ([[1, 2]] * len(prompts), [[3, 4, 5]] * len(prompts),
+                                         None, ["c"] * len(prompts), None, {}, None, None)
+    trainer._calculate_rewards = lambda inputs, prompts, completions, ids: rewards[:, None].clone()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(D)
+    try:
+        theirs = trainer._generate_and_score_completions([{"prompt": "p"}] * n)["advantages"]
+    finally:
+        torch.set_default_dtype(default)
+    ours = group_normalized_rewards(rewards, size, normalize_std=scale_rewards == "group")
+    assert theirs.dtype == D
+    assert (theirs - ours).abs().max().item() < 1e-12
+
+
+def _trl_grpo(trl, loss_type, logprobs, old, ref, advantages, mask, beta, eps_low, eps_high,
+              max_completion_length=None):
+    """trl.GRPOTrainer._compute_loss on fixed per-token log-probs; returns (loss, metrics)."""
+    width = logprobs.shape[1]
+    trainer = _bare(
+        trl.GRPOTrainer, model=_EvalModel(), aux_loss_enabled=False, top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None, importance_sampling_level="token", beta=beta,
+        loss_type=loss_type, epsilon_low=eps_low, epsilon_high=eps_high, use_vllm=False,
+        vllm_importance_sampling_correction=False, _entropy_bonus_enabled=False,
+        max_completion_length=max_completion_length or width,
+        args=SimpleNamespace(use_bias_correction_kl=False, delta=None))
+    # the model's forward pass: the log-probs (and entropies) of the completion tokens
+    trainer._get_per_token_logps_and_entropies = \
+        lambda *args, **kwargs: (logprobs, torch.zeros_like(logprobs), None)
+    inputs = {"prompt_ids": torch.zeros(logprobs.shape[0], 2, dtype=torch.long),
+              "prompt_mask": torch.ones(logprobs.shape[0], 2, dtype=torch.long),
+              "completion_ids": torch.zeros(logprobs.shape, dtype=torch.long),
+              "completion_mask": mask, "advantages": advantages, "old_per_token_logps": old}
+    if ref is not None:
+        inputs["ref_per_token_logps"] = ref
+    loss = trainer._compute_loss(trainer.model, inputs)
+    return loss, trainer._metrics["eval"]
+
+
+def test_grpo_aggregations_worked_example():
+    """Ratio 1 and beta = 0: the per-token loss is -A_b; only the aggregation differs."""
+    logprobs = torch.zeros(2, 3, dtype=D)
+    adv = torch.tensor([1.0, 4.0], dtype=D)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    def agg(a, **kw):
+        return grpo_loss(logprobs, None, None, adv, mask, 0.2, 0.0, a, **kw).loss.item()
+    assert agg("sequence_mean") == pytest.approx(-(1.0 + 4.0) / 2)
+    assert agg("token_mean") == pytest.approx(-(3 * 1.0 + 4.0) / 4)
+    assert agg("constant") == pytest.approx(-(3 * 1.0 + 4.0) / (2 * 3))
+    assert agg("constant", max_length=10) == pytest.approx(-(3 * 1.0 + 4.0) / (2 * 10))
+
+
+def test_grpo_length_bias_of_the_sequence_mean():
+    """Under "sequence_mean" a token's gradient weight is 1 / (B |y_b|): short responses
+    weigh more per token; "token_mean" and "constant" weigh every token alike."""
+    logprobs = torch.zeros(2, 4, dtype=D, requires_grad=True)
+    adv = torch.tensor([1.0, 1.0], dtype=D)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]])
+    for aggregation, per_token in [("sequence_mean", [1 / 8, 1 / 2]), ("token_mean", [1 / 5, 1 / 5]),
+                                   ("constant", [1 / 8, 1 / 8])]:
+        logprobs.grad = None
+        grpo_loss(logprobs, None, None, adv, mask, 0.2, 0.0, aggregation).loss.backward()
+        assert (-logprobs.grad[0, 0].item(), -logprobs.grad[1, 0].item()) == \
+            pytest.approx(per_token, abs=1e-15)
+
+
+def test_grpo_kl_term_and_output():
+    logprobs, ref = -randn(B, T, seed=110).abs(), -randn(B, T, seed=111).abs()
+    mask = ragged_mask([5, 1, 3], T)
+    out = grpo_loss(logprobs, None, ref, torch.zeros(B, dtype=D), mask, 0.2, 0.04, "token_mean")
+    assert isinstance(out, GRPOLossOutput)
+    k3 = torch.exp(ref - logprobs) - (ref - logprobs) - 1
+    kl = (k3 * mask).sum() / mask.sum()
+    assert out.kl.item() == pytest.approx(kl.item(), abs=1e-15)
+    assert out.loss.item() == pytest.approx(0.04 * kl.item(), abs=1e-15)  # A = 0: only the KL
+    assert out.clip_fraction.item() == 0
+    assert grpo_loss(logprobs, None, None, torch.zeros(B, dtype=D), mask, 0.2, 0.0).kl is None
+
+
+@pytest.mark.parametrize("aggregation", ["sequence_mean", "token_mean", "constant"])
+def test_grpo_gradcheck(aggregation):
+    logprobs = (-1 + randn(B, T, seed=120, scale=0.05)).requires_grad_()
+    old = -1 + randn(B, T, seed=121, scale=0.05)
+    ref = -1 + randn(B, T, seed=122, scale=0.3)
+    adv, mask = randn(B, seed=123), ragged_mask([5, 2, 4], T)
+
+    def f(x):
+        return grpo_loss(x, old, ref, adv, mask, 0.3, 0.1, aggregation).loss
+
+    assert torch.autograd.gradcheck(f, (logprobs,))
+
+
+def test_grpo_bad_inputs():
+    lp, adv, mask = torch.zeros(B, T, dtype=D), torch.zeros(B, dtype=D), torch.ones(B, T)
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        grpo_loss(lp, None, None, adv, mask, 0.2, beta=0.1)
+    with pytest.raises(ValueError, match="beta"):
+        grpo_loss(lp, None, lp, adv, mask, 0.2, beta=-0.1)
+    with pytest.raises(ValueError, match="aggregation"):
+        grpo_loss(lp, None, None, adv, mask, 0.2, 0.0, aggregation="dapo")
+    with pytest.raises(ValueError, match="max_length"):
+        grpo_loss(lp, None, None, adv, mask, 0.2, 0.0, "constant", max_length=T - 1)
+    with pytest.raises(ValueError, match="max_length"):
+        grpo_loss(lp, None, None, adv, mask, 0.2, 0.0, "token_mean", max_length=T + 1)
+    with pytest.raises(ValueError, match="row with no ones"):
+        grpo_loss(lp, None, None, adv, ragged_mask([5, 0, 2], T), 0.2, 0.0)
+    with pytest.raises(ValueError, match="advantages"):
+        grpo_loss(lp, None, None, torch.zeros(T, dtype=D), mask, 0.2, 0.0)
+    with pytest.raises(ValueError, match="old_logprobs"):
+        grpo_loss(lp, lp[:, :2], None, adv, mask, 0.2, 0.0)
+    with pytest.raises(ValueError, match="clip_eps_high"):
+        grpo_loss(lp, None, None, adv, mask, 0.2, 0.0, clip_eps_high=0.0)
+
+
+@pytest.mark.parametrize("loss_type,aggregation", [("grpo", "sequence_mean"),
+                                                   ("bnpo", "token_mean"),
+                                                   ("dr_grpo", "constant")])
+def test_grpo_matches_trl(trl, loss_type, aggregation):
+    """Peer: ``trl.GRPOTrainer._compute_loss`` (token-level importance sampling, k3 KL with
+    ``beta=0.04``, ``epsilon_low=0.2``, ``epsilon_high=0.28``, ``max_completion_length=9``
+    for "dr_grpo"), with advantages from :func:`group_normalized_rewards`. Also compares the
+    logged ``kl`` and ``clip_ratio/region_mean`` (the latter trl computes in float32)."""
+    n = 4
+    logprobs = -randn(n, T, seed=130).abs()
+    old = logprobs + randn(n, T, seed=131, scale=0.3)
+    ref = logprobs + randn(n, T, seed=132, scale=0.2)
+    adv = group_normalized_rewards(randn(n, seed=133), group_size=2)
+    mask = ragged_mask([5, 3, 1, 4], T)
+    max_length = 9 if aggregation == "constant" else None
+    theirs, logged = _trl_grpo(trl, loss_type, logprobs, old, ref, adv, mask, 0.04, 0.2, 0.28,
+                               max_completion_length=max_length)
+    ours = grpo_loss(logprobs, old, ref, adv, mask, 0.2, 0.04, aggregation, clip_eps_high=0.28,
+                     max_length=max_length)
+    assert abs(theirs - ours.loss).item() < 1e-12
+    assert logged["kl"][0] == pytest.approx(ours.kl.item(), abs=1e-12)
+    assert ours.clip_fraction.item() > 0
+    assert logged["clip_ratio/region_mean"][0] == pytest.approx(ours.clip_fraction.item(), abs=1e-7)
+
+
+def test_grpo_on_policy_matches_trl_default(trl):
+    """Peer: ``trl.GRPOTrainer._compute_loss`` without ``old_per_token_logps`` (one update
+    per generation: trl uses ``per_token_logps.detach()``), against ``old_logprobs=None``,
+    comparing the loss and its gradient."""
+    logprobs = (-randn(B, T, seed=140).abs()).requires_grad_()
+    ref = logprobs.detach() + randn(B, T, seed=141, scale=0.2)
+    adv, mask = randn(B, seed=142), ragged_mask([5, 2, 4], T)
+    theirs, _ = _trl_grpo(trl, "grpo", logprobs, None, ref, adv, mask, 0.04, 0.2, 0.2)
+    (g_theirs,) = torch.autograd.grad(theirs, logprobs)
+    ours = grpo_loss(logprobs, None, ref, adv, mask, 0.2, 0.04).loss
+    (g_ours,) = torch.autograd.grad(ours, logprobs)
+    assert abs(theirs - ours).item() < 1e-12
+    torch.testing.assert_close(g_ours, g_theirs, rtol=0, atol=1e-12)
+
+
+def test_losses_reject_non_tensors():
+    with pytest.raises(TypeError, match="logprobs"):
+        grpo_loss([[0.0]], None, None, torch.zeros(1), torch.ones(1, 1), 0.2, 0.0)
+    with pytest.raises(TypeError, match="beta"):
+        dpo_loss(*(torch.zeros(2, dtype=D),) * 4, beta="0.1")
+    with pytest.raises(TypeError, match="mask"):
+        ppo_policy_loss(torch.zeros(1, 2, dtype=D), torch.zeros(1, 2, dtype=D),
+                        torch.zeros(1, dtype=D), [[1, 1]], 0.2)
