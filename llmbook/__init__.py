@@ -11,8 +11,10 @@ One subpackage per part of the book, each importing only from earlier parts:
 * :mod:`llmbook.inference` — Part IV, inference (chapters 12–15): sampling and beam
   search, the KV cache and attention variants, FlashAttention, quantisation.
 
-Parts V (alignment) and VI (scale) will be :mod:`llmbook.alignment` and
-:mod:`llmbook.scale`. Shared by every chapter, at the top: :mod:`llmbook.nbtools`
+* :mod:`llmbook.alignment` — Part V, adaptation and alignment (chapters 16–20, being
+  written): LoRA, per-token log-probabilities, the reward-model, PPO, DPO and GRPO losses.
+
+Part VI (scale) will be :mod:`llmbook.scale`. Shared by every chapter, at the top: :mod:`llmbook.nbtools`
 (``show_source``, ``Checks``, ``save_figure``), :mod:`llmbook.validation` (argument
 checks) and :mod:`llmbook.environment` (the preface's environment check).
 """

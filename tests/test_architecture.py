@@ -181,3 +181,11 @@ def test_every_part_opens_with_a_map_of_its_chapters():
         modules |= {p.name for p in (ROOT / part).iterdir() if (p / "__init__.py").is_file()}
         missing = [m for m in sorted(modules) if m not in doc]
         assert not missing, f"{init}'s map does not mention {missing}"
+
+
+def test_the_readme_layout_names_every_part_and_helper():
+    readme = (ROOT.parent / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):readme.index("## Working on the book")]
+    for entry in sorted(p.name for p in ROOT.iterdir() if not p.name.startswith("__")):
+        name = entry if entry.endswith(".py") else f"{entry}/"
+        assert name in layout, f"README's layout section does not show llmbook/{name}"
