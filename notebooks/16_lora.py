@@ -1,0 +1,427 @@
+# %% [markdown]
+# # 16 LoRA: low-rank adaptation
+#
+# Fine-tuning every weight of a pretrained model is expensive in memory: besides the weights,
+# AdamW keeps a gradient and two moment estimates for each of them, and every fine-tune
+# produces a full copy of the model. Hu et al. (2021, "LoRA: Low-Rank Adaptation of Large
+# Language Models") freeze the pretrained weights and learn only a *low-rank update* of a few
+# matrices. This chapter:
+#
+# 1. **derives** the update $\Delta W = \frac{\alpha}{r} BA$: with $B = 0$ the model is
+#    unchanged, $\Delta W$ has rank at most $r$, and it costs $r(d_{in}+d_{out})$ parameters;
+#    SymPy works out how much training memory that saves with AdamW;
+# 2. **verifies** `llmbook.alignment.lora`: zero-initialised adapters leave the book's text
+#    model bit-for-bit unchanged, merging and unmerging are exact to round-off, and the layer
+#    matches Hugging Face `peft` on a Llama model;
+# 3. **explores** adapting the book's text model to a topic it never saw, with full
+#    fine-tuning and with LoRA, and looks at the singular values of what full fine-tuning
+#    changed;
+# 4. works out the memory of QLoRA, LoRA on a base model stored in 4-bit NF4 (chapter 15).
+
+# %%
+import copy
+import warnings
+
+import matplotlib.pyplot as plt
+import sympy as sp
+import torch
+from IPython.display import display
+from peft import LoraConfig, get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from llmbook.alignment.lora import (
+    LoRALinear,
+    adamw_training_memory,
+    apply_lora,
+    count_trainable_parameters,
+    lora_memory_ratio_symbolic,
+    lora_parameter_count,
+    lora_state_dict,
+    merge_lora,
+    unmerge_lora,
+)
+from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.text.corpus import load_stdlib_docs
+from llmbook.training.pretrained import book_model
+from llmbook.training.train import TrainConfig, evaluate, train
+from llmbook.transformer.hf_loading import from_hf, randomize_parameters_
+
+g = seed_everything(0)
+torch.set_num_threads(1)  # a small model: one thread is steadier
+f64 = torch.float64
+# peft 0.21 calls a transformers method that transformers 5 has deprecated
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
+
+# %% [markdown]
+# ## 16.1 The low-rank update
+#
+# A linear layer $h = Wx$ with $W \in \mathbb R^{d_{out}\times d_{in}}$ is fine-tuned to
+# $W + \Delta W$. LoRA restricts the change to a product of two thin matrices,
+#
+# $$ h = Wx + \frac{\alpha}{r}\, B A x, \qquad A \in \mathbb R^{r\times d_{in}},\quad
+#    B \in \mathbb R^{d_{out}\times r},\quad r \ll \min(d_{in}, d_{out}), $$
+#
+# trains $A$ and $B$, and keeps $W$ frozen. $A$ starts random and $B$ at zero, so training
+# starts from the pretrained model itself; the factor $\alpha/r$ keeps the size of the update
+# roughly the same when one tries several ranks at a fixed $\alpha$ (Hu et al., section 4.1).
+# The bet behind it: the change a fine-tune needs has low *intrinsic* dimension, as
+# Aghajanyan et al. (2020, "Intrinsic Dimensionality Explains the Effectiveness of Language
+# Model Fine-Tuning") measured for whole models.
+#
+# SymPy cannot reason about matrices of unknown shape, so a $3\times 2$ layer with $r = 1$
+# stands in for the general one. Three facts: with $B = 0$ the layer is the base layer;
+# $BA$ has rank 1 (every $2\times 2$ minor vanishes); and the update has
+# $r(d_{in}+d_{out}) = 5$ entries against $d_{in}d_{out} = 6$ for $W$.
+
+# %%
+alpha, r_ = sp.symbols("alpha r", positive=True)
+W = sp.Matrix(3, 2, sp.symbols("w0:6"))
+B = sp.Matrix(3, 1, sp.symbols("b0:3"))
+A = sp.Matrix(1, 2, sp.symbols("a0:2"))
+x = sp.Matrix(2, 1, sp.symbols("x0:2"))
+h = W * x + alpha / r_ * B * A * x
+assert sp.simplify(h.subs({b: 0 for b in B}) - W * x) == sp.zeros(3, 1)
+minors = [(B * A)[[i, j], :].det() for i in range(3) for j in range(i + 1, 3)]
+assert all(sp.expand(m) == 0 for m in minors) and (B * A).rank() == 1
+display(sp.Eq(sp.Symbol(r"\Delta W"), alpha / r_ * B * A, evaluate=False))
+
+# %% [markdown]
+# Zero-initialising $B$ has a consequence for the first step. For a loss with gradient
+# $g = \partial\mathcal L/\partial h$ at the layer's output, the chain rule gives
+#
+# $$ \frac{\partial \mathcal L}{\partial B} = \frac{\alpha}{r}\, g\,(Ax)^\top, \qquad
+#    \frac{\partial \mathcal L}{\partial A} = \frac{\alpha}{r}\, B^\top g\, x^\top , $$
+#
+# so at $B = 0$ only $B$ receives a gradient; $A$ starts moving once $B$ has. SymPy checks both
+# on the small layer (a loss linear in $h$ has exactly the gradient $g$):
+
+# %%
+gvec = sp.Matrix(3, 1, sp.symbols("g0:3"))
+loss = (gvec.T * h)[0]
+dB = sp.Matrix(3, 1, lambda i, j: sp.diff(loss, B[i, j]))
+dA = sp.Matrix(1, 2, lambda i, j: sp.diff(loss, A[i, j]))
+assert sp.simplify(dB - alpha / r_ * gvec * (A * x).T) == sp.zeros(3, 1)
+assert sp.simplify(dA - alpha / r_ * B.T * gvec * x.T) == sp.zeros(1, 2)
+assert dA.subs({b: 0 for b in B}) == sp.zeros(1, 2)
+display(sp.Eq(sp.Symbol(r"\partial\mathcal{L}/\partial A|_{B=0}"), dA.subs({b: 0 for b in B}), evaluate=False))
+
+# %% [markdown]
+# **What it saves.** An adapter has $r(d_{in}+d_{out})$ parameters. On a $4096\times 4096$
+# projection of a 7B Llama with $r = 8$ that is 65 536 against 16 777 216, 0.39 %. Memory
+# saves less than that: with AdamW, a trained number keeps its weight, gradient and two
+# moments (4 numbers), a frozen one only its weight (1 number). For one matrix the ratio of
+# LoRA's training memory to full fine-tuning's is
+#
+# $$ \rho = \frac{d_{in}d_{out} + 4r(d_{in}+d_{out})}{4\,d_{in}d_{out}} , $$
+#
+# which tends to $1/4$ for large matrices: the frozen weights themselves remain. That floor is
+# what QLoRA lowers (section 16.5).
+
+# %%
+rho = lora_memory_ratio_symbolic()
+d_in, d_out, r, d = sp.symbols("d_in d_out r d", positive=True, integer=True)
+assert sp.simplify(rho - (d_in * d_out + 4 * r * (d_in + d_out)) / (4 * d_in * d_out)) == 0
+limit = sp.limit(rho.subs({d_in: d, d_out: d}), d, sp.oo)
+assert limit == sp.Rational(1, 4)
+display(sp.Eq(sp.Symbol(r"\rho"), rho), sp.Eq(sp.Symbol(r"\lim_{d\to\infty}\rho(d, d, r)"), limit))
+print("q_proj of a 7B Llama, r = 8:", lora_parameter_count(4096, 4096, 8), "vs", 4096 * 4096,
+      " rho =", rho.subs({d_in: 4096, d_out: 4096, r: 8}))
+
+# %% [markdown]
+# The package's layer wraps a frozen `nn.Linear`. Its forward pass never forms $\Delta W$:
+# it computes $x A^\top$ (width $r$) and then $(\cdot) B^\top$, which costs
+# $r(d_{in}+d_{out})$ multiplications per token instead of $d_{in}d_{out}$. `merge` adds
+# $\Delta W$ into the base weight after training, so that inference costs exactly what the
+# base model costs; `unmerge` takes it out again.
+
+# %%
+show_source(LoRALinear)
+
+# %% [markdown]
+# `apply_lora(model, ["q_proj", "v_proj"], r, alpha)` freezes the model and wraps every
+# linear layer whose last name component is listed. The book's model uses Llama's names, so a
+# target list written for `peft` on a Llama selects the same matrices here.
+#
+# ## 16.2 Verify
+#
+# Three checks on the book's trained text model (2M parameters, chapter 10): with $B = 0$ the
+# adapted model's logits are *equal*, bit for bit, to the base model's (the adapter adds an
+# exact $0$); after giving $B$ random values, merging leaves the logits unchanged up to float64
+# round-off; and unmerging restores the original weights.
+
+# %%
+base, info = book_model("text")
+tok = info["tokenizer"]
+ids = torch.tensor([tok.encode("Return the number of items in the queue.")])
+lora = apply_lora(copy.deepcopy(base), ["q_proj", "v_proj"], r=4, alpha=8, generator=g)
+lora64 = apply_lora(copy.deepcopy(base).double(), ["q_proj", "v_proj"], r=4, alpha=8, generator=g)
+base64 = copy.deepcopy(base).double()
+w_before = lora64.blocks[2].attn.v_proj.base.weight.clone()
+with torch.no_grad():
+    for m in lora64.modules():
+        if isinstance(m, LoRALinear):
+            m.lora_B.copy_(0.1 * torch.randn(m.lora_B.shape, generator=g, dtype=f64))
+    adapted, base_logits = lora64(ids), base64(ids)
+    merged = merge_lora(lora64)(ids)
+    unmerge_lora(lora64)
+
+# %%
+checks = Checks("LoRA on the book's text model")
+with torch.no_grad():
+    checks.true("B = 0: logits equal to the base model's (torch.equal)",
+                torch.equal(lora(ids), base(ids)))
+checks.true("B ≠ 0 changes the logits", float((adapted - base_logits).abs().max()) > 1e-3)
+checks.close("merged logits = adapted logits (float64)", adapted, merged, tol=1e-12)
+checks.close("unmerge restores W (float64)", w_before, lora64.blocks[2].attn.v_proj.base.weight, tol=1e-15)
+checks.equal("adapter entries saved by lora_state_dict", 4 * 2 * 2, len(lora_state_dict(lora)))
+checks.equal("trainable parameters = 4 layers × 2 × r(d_in + d_out)",
+             4 * 2 * lora_parameter_count(192, 192, 4), count_trainable_parameters(lora))
+checks
+
+# %% [markdown]
+# **The peer: `peft`.** Hugging Face's `peft` is what most LoRA fine-tunes use. A tiny random
+# Llama (hidden size 24, one key-value head, so `v_proj` is $8\times 24$: not square) in
+# float64 is wrapped by `peft` and, after loading it into the book's model, by `apply_lora`
+# with the same $r$, $\alpha$ and targets. Copying `peft`'s adapter weights (with a non-zero
+# $B$) into ours, the two must agree on the trainable parameter count, the logits and the
+# merged weights. The logits agree to about $10^{-7}$, not $10^{-15}$: Hugging Face's
+# RMSNorm computes in float32 even in a float64 model.
+
+# %%
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=50, hidden_size=24, intermediate_size=40, num_hidden_layers=2,
+                  num_attention_heads=3, num_key_value_heads=1, attn_implementation="sdpa")
+hf = LlamaForCausalLM(cfg)
+randomize_parameters_(hf, 0.1, torch.Generator().manual_seed(1))
+hf = hf.double().eval()
+ours = apply_lora(from_hf(hf).eval(), ["q_proj", "v_proj"], r=4, alpha=8)
+pm = get_peft_model(hf, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+ours_params = dict(ours.named_parameters())
+with torch.no_grad():
+    for name, p in pm.named_parameters():
+        if "lora_" in name:
+            if "lora_B" in name:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=f64))
+            key = "blocks." + name.split("layers.")[1].replace("self_attn.", "attn.")
+            ours_params[key.removesuffix(".default.weight")].copy_(p)
+
+# %%
+ids_hf = torch.randint(0, 50, (2, 11), generator=g)
+checks = Checks("the book's LoRA against peft")
+checks.equal("trainable parameters", pm.get_nb_trainable_parameters()[0], count_trainable_parameters(ours))
+with torch.no_grad():
+    checks.close("logits with adapters", pm(input_ids=ids_hf).logits, ours(ids_hf), tol=1e-6)
+    merged_hf = pm.merge_and_unload()
+    merge_lora(ours)
+checks.close("merged v_proj weight (8 × 24)", merged_hf.model.layers[1].self_attn.v_proj.weight,
+             ours.blocks[1].attn.v_proj.base.weight, tol=1e-14)
+checks
+
+# %% [markdown]
+# ## 16.3 Adapting the book's model to a new topic
+#
+# The book's text model was trained on the first 90 % of the standard-library docstrings; the
+# last 10 %, which it never saw, includes the `xml.*` packages (`xml.dom`, `xml.etree`,
+# `xml.sax`, …): about 18 000 tokens of text about elements, nodes, parsers and handlers. The
+# task: adapt the model to XML documentation, training on the first 80 % of those tokens and
+# measuring on the last 20 %. The docstrings between `urllib.response` and `xml.dom` (also
+# unseen, but about other things) measure what the adaptation costs elsewhere.
+
+# %%
+text = load_stdlib_docs()
+start, end = text.index("# module xml.dom\n"), text.index("# module xmlrpc.client")
+xml_ids = torch.tensor(tok.encode(text[start:end]))
+other_ids = torch.tensor(tok.encode(text[text.index("# module urllib.response"):start]))
+n_train = int(0.8 * len(xml_ids))
+xml_train, xml_val = xml_ids[:n_train], xml_ids[n_train:]
+print(f"XML: {len(xml_train)} training and {len(xml_val)} validation tokens; "
+      f"other held-out docstrings: {len(other_ids)} tokens")
+
+
+def val_loss(model, tokens):
+    """Mean cross-entropy (nats/token) on the same 4 batches of 16 × 64 tokens every time."""
+    return evaluate(model, tokens, batch_size=16, context_length=64, num_batches=4)
+
+
+# %% [markdown]
+# Both runs take 80 AdamW steps on batches of $8\times 64$ tokens with chapter 10's `train`
+# (warmup and cosine decay, no weight decay), each at a learning rate suited to it: full
+# fine-tuning at $2\cdot 10^{-4}$, LoRA at $10^{-2}$. LoRA trains larger steps because its
+# update starts at zero and must grow from there, and its small number of parameters makes it
+# less prone to overshoot; Hu et al. likewise tune its learning rate separately. LoRA uses
+# $r = 4$, $\alpha = 8$ on `q_proj` and `v_proj` of the four blocks, the placement Hu et al.
+# found best for a fixed budget (their section 7.1).
+
+# %%
+def fine_tune(model, lr):
+    cfg = TrainConfig(steps=80, batch_size=8, context_length=64, lr=lr, min_lr=lr / 10,
+                      warmup_steps=8, weight_decay=0.0, eval_every=None)
+    train(model, xml_train, None, cfg)
+    return model
+
+
+full = fine_tune(copy.deepcopy(base), lr=2e-4)
+lora = fine_tune(apply_lora(copy.deepcopy(base), ["q_proj", "v_proj"], r=4, alpha=8, generator=g), lr=1e-2)
+
+# %%
+results = {"base model": base, "full fine-tuning": full, "LoRA r=4 (q, v)": lora}
+loss_table = {name: (val_loss(m, xml_val), val_loss(m, other_ids)) for name, m in results.items()}
+print(f"{'':18s} {'trainable':>10s} {'XML val loss':>13s} {'other docstrings':>17s}")
+for name, m in results.items():
+    n = 0 if m is base else count_trainable_parameters(m)
+    print(f"{name:18s} {n:10d} {loss_table[name][0]:13.2f} {loss_table[name][1]:17.2f}")
+
+# %% [markdown]
+# Full fine-tuning trains all 2 001 024 parameters; LoRA trains 12 288, 0.6 % of them, and
+# stores a 48 KB adapter instead of an 8 MB model. Within the same 80 steps full fine-tuning
+# lowers the XML loss more: this model is tiny and the adapters cover only two of the six
+# matrices of a block, so LoRA's rank and placement constrain it much more than on a
+# billion-parameter model, where Hu et al. found rank 4 on $W_q, W_v$ to match full
+# fine-tuning. Both gains cost something on the other unseen docstrings: an adaptation moves
+# the model towards its new topic and away from the rest.
+
+# %%
+(b_xml, b_other), (f_xml, f_other), (l_xml, l_other) = loss_table.values()
+checks = Checks("adaptation to the XML docstrings")
+checks.true("full fine-tuning lowers the XML loss by > 0.5 nats", b_xml - f_xml > 0.5)
+checks.true("LoRA lowers the XML loss by > 0.2 nats", b_xml - l_xml > 0.2)
+checks.true("full fine-tuning beats LoRA on XML", f_xml < l_xml)
+checks.true("LoRA trains < 1 % of the parameters", count_trainable_parameters(lora) < 0.01 * base.num_parameters())
+checks.true("both raise the loss on the other docstrings", f_other > b_other and l_other > b_other)
+checks
+
+# %% [markdown]
+# ## 16.4 How low-rank is the full fine-tuning update?
+#
+# LoRA presumes that the change fine-tuning makes is nearly low-rank. The full fine-tune above
+# changed every weight, so it can answer that directly: the singular values
+# $\sigma_1 \ge \sigma_2 \ge \dots$ of $\Delta W = W_{\text{tuned}} - W$ for the query
+# projection of block 1. By the Eckart–Young theorem the best rank-$r$ approximation of
+# $\Delta W$ keeps the top $r$ singular directions and loses the rest, so the share of the
+# *energy* $\sum_{i\le r}\sigma_i^2 / \sum_i \sigma_i^2$ is what a rank-$r$ update could
+# capture at best. As a yardstick, a random Gaussian matrix of the same shape.
+
+# %%
+def energy(delta):
+    s = torch.linalg.svdvals(delta.to(f64))
+    return s, (s**2).cumsum(0) / (s**2).sum()
+
+
+name = "blocks.1.attn.q_proj.weight"
+s_ft, e_ft = energy(full.state_dict()[name] - base.state_dict()[name])
+s_rand, e_rand = energy(torch.randn(192, 192, generator=g, dtype=f64))
+for k in (4, 16, 48):
+    print(f"top {k:2d} of 192 directions: {float(e_ft[k - 1]):.2f} of the fine-tuning update's "
+          f"energy, {float(e_rand[k - 1]):.2f} of a random matrix's")
+
+# %%
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+k = torch.arange(1, 193)
+ax1.semilogy(k, s_ft / s_ft[0], label="full fine-tuning ΔW")
+ax1.semilogy(k, s_rand / s_rand[0], "--", label="random Gaussian matrix")
+ax1.set(xlabel="index i", ylabel="σ_i / σ_1", title="Singular values (normalised)")
+ax2.plot(k, e_ft, label="full fine-tuning ΔW")
+ax2.plot(k, e_rand, "--", label="random Gaussian matrix")
+ax2.axvline(4, color="grey", lw=0.8)
+ax2.set(xlabel="rank r", ylabel="share of energy in top r directions",
+        title="Energy a rank-r update can capture")
+ax2.legend()
+fig.suptitle("ΔW of block 1's q_proj after 80 steps of full fine-tuning (192 × 192)")
+fig.tight_layout()
+save_figure(fig, "16_lora_spectrum")
+plt.show()
+
+# %% [markdown]
+# On the left, the singular values of the fine-tuning update fall a hundred-fold over the
+# first 150 indices, where those of a random matrix (whose energy is spread evenly over all
+# directions) fall less than ten-fold. On the right, the same as energy: the top 4 directions
+# (grey line) hold about a third of the update's energy, four times a random matrix's share,
+# and the top 16 hold three quarters. It is not rank 4 either: a long tail of smaller singular
+# values carries the rest, part of it the noise of 80 small batches. A rank-$r$ adapter can
+# represent the head and not the tail, which is why a small rank recovers part, but not all,
+# of what full fine-tuning gains.
+
+# %%
+checks = Checks("spectrum of the full fine-tuning update")
+checks.true("top 4 directions: > 3× the energy share of a random matrix's", e_ft[3] > 3 * e_rand[3])
+checks.true("top 48 of 192 directions hold > 70 % of the energy", e_ft[47] > 0.7)
+checks.true("but rank 4 holds < 60 %: ΔW is not exactly low-rank", e_ft[3] < 0.6)
+checks
+
+# %% [markdown]
+# ## 16.5 QLoRA: a 4-bit frozen base
+#
+# Section 16.1 found LoRA's memory floor: the frozen weights. Dettmers et al. (2023, "QLoRA:
+# Efficient Finetuning of Quantized LLMs") store them in 4-bit NF4 (chapter 15), dequantise
+# each block on the fly in the forward and backward passes, and train 16-bit adapters on top.
+# Gradients flow *through* the frozen quantised weights to the adapters, but no weight
+# gradient or optimiser state is kept for them.
+#
+# For a concrete size: LLaMA-7B (Touvron et al., 2023, "LLaMA: Open and Efficient Foundation
+# Language Models") has $d = 4096$, 32 layers, an MLP width of 11 008 and 32 000 tokens, with
+# untied input and output embeddings. Its parameter count follows from that:
+
+# %%
+V, dm, L, dff = 32_000, 4096, 32, 11_008
+per_layer = 4 * dm * dm + 3 * dm * dff + 2 * dm  # attention, SwiGLU MLP, two RMSNorm gains
+n_llama = L * per_layer + 2 * V * dm + dm  # + embeddings, LM head, final norm
+n_adapter = L * 2 * lora_parameter_count(dm, dm, 8)  # r = 8 on q_proj and v_proj
+print(f"LLaMA-7B: {n_llama:,} parameters; LoRA r=8 on q, v: {n_adapter:,} ({n_adapter / n_llama:.3%})")
+
+# %% [markdown]
+# The memory of the training state (weights, gradients, AdamW's two moments; activations come
+# on top and depend on batch and sequence length), counting every number in 16 bits (2 bytes),
+# and the frozen weights of QLoRA at 4 bits (0.5 bytes; NF4's block constants add about 0.5
+# bit per weight, or 0.127 with QLoRA's double quantisation, not counted here):
+#
+# * full fine-tuning: $4 \cdot 2\,N$ bytes;
+# * LoRA: $2\,N + 4\cdot 2\,N_{\text{adapter}}$;
+# * QLoRA: $0.5\,N + 4\cdot 2\,N_{\text{adapter}}$.
+
+# %%
+memory = {"full fine-tuning": adamw_training_memory(n_llama, 0, 2),
+          "LoRA, 16-bit base": adamw_training_memory(n_adapter, n_llama, 2),
+          "QLoRA, NF4 base": adamw_training_memory(n_adapter, n_llama, 2, frozen_bytes_per_param=0.5)}
+print(f"{'':18s} {'bytes':>15s} {'GiB':>7s}")
+for name, mem in memory.items():
+    print(f"{name:18s} {int(mem['total']):15,d} {mem['total'] / 2**30:7.2f}")
+assert memory["QLoRA, NF4 base"]["total"] == n_llama / 2 + 8 * n_adapter
+
+# %% [markdown]
+# Full fine-tuning of a 7B model needs about 50 GiB for the training state alone; LoRA brings
+# that to the 12.55 GiB of the frozen 16-bit weights plus 32 MiB of adapter state, and QLoRA to
+# about 3.2 GiB: small enough, with activations, for one consumer GPU. (In practice the AdamW
+# moments are often kept in float32, which changes the full fine-tuning figure a lot and the
+# LoRA ones hardly at all.)
+#
+# ## Summary
+#
+# * LoRA freezes $W$ and learns $\Delta W = \frac{\alpha}{r}BA$ with $B = 0$ at the start: the
+#   adapted model begins as the base model, $\Delta W$ has rank at most $r$, and it costs
+#   $r(d_{in}+d_{out})$ parameters. At $B = 0$ only $B$ receives a gradient.
+# * With AdamW its training memory per matrix is
+#   $\frac{d_{in}d_{out} + 4r(d_{in}+d_{out})}{4d_{in}d_{out}}$ of full fine-tuning's, tending
+#   to $1/4$: the frozen weights remain, and QLoRA shrinks them to 4 bits.
+# * The book's `LoRALinear` leaves its model bit-for-bit unchanged at initialisation, merges
+#   and unmerges exactly to round-off, and agrees with `peft`.
+# * On the book's model, adapting to unseen XML docstrings, LoRA with 0.6 % of the parameters
+#   recovers part of what full fine-tuning gains; the full update's spectrum is concentrated
+#   in a few directions, with a long tail that a low rank drops.
+#
+# ## Exercises
+#
+# Reference solutions are in `notebooks/solutions/16_lora.py` and are checked by
+# `tests/test_solutions_16.py`.
+#
+# 1. (★) **Break-even ranks.** Find, with SymPy, the rank $r$ at which an adapter has as many
+#    parameters as $W$ itself, and the (larger) rank at which LoRA's AdamW training memory
+#    $\rho$ reaches full fine-tuning's. Evaluate both for a $4096\times 11008$ MLP matrix.
+# 2. (★★) **The best rank-$r$ adapter.** Write `best_low_rank(delta, r)`, which returns
+#    LoRA factors $B$ ($d_{out}\times r$) and $A$ ($r \times d_{in}$) with $BA$ the truncated
+#    SVD of $\Delta W$, and check the Eckart–Young statement: the squared Frobenius error is
+#    the sum of the discarded $\sigma_i^2$, and no other rank-$r$ product does better (try the
+#    projection of $\Delta W$ onto random $r$-dimensional subspaces).
+# 3. (★★) **Two adapters.** Merge two adapters of ranks $r_1$ and $r_2$ into the same $W$, one
+#    after the other. Show that the result does not depend on the order, that the combined
+#    update has rank at most $r_1 + r_2$, and that it equals a single adapter of rank
+#    $r_1 + r_2$ whose $B$ and $A$ stack those of the two (with the scalings folded into $B$).
