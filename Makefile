@@ -68,9 +68,10 @@ nbval-second-cpu: setup
 sync: setup
 	$(PY) tools/sync_notebooks.py $(NB)
 
-## models: retrain the book's shipped models from their recipes and rewrite data/models/
+## models: retrain the book's shipped models and Part V's artifacts, and rewrite data/models/
 models: setup
 	$(PY) -m llmbook.training.pretrained
+	$(PY) -m llmbook.alignment.shipped
 
 ## models-check: retrain both models in memory and check they reach the shipped validation loss
 models-check: setup

@@ -21,8 +21,10 @@ from llmbook.alignment.lora import (
     lora_parameter_count,
     lora_state_dict,
     merge_lora,
+    quantize_frozen_nf4,
     unmerge_lora,
 )
+from llmbook.inference.quant import nf4_levels
 from llmbook.transformer.hf_loading import from_hf, randomize_parameters_
 from llmbook.transformer.model import TransformerConfig, TransformerLM
 
@@ -176,6 +178,33 @@ def test_property_rank_and_count(d_in, d_out, r, seed):
 
 
 # ---------------------------------------------------------------- counts and memory
+
+
+def test_quantize_frozen_nf4_puts_every_linear_weight_on_the_nf4_grid():
+    cfg = TransformerConfig.gpt2_style(vocab_size=29, d_model=32, n_layers=2, n_heads=4,
+                                       max_seq_len=8)
+    model = TransformerLM(cfg, generator=gen(0))
+    embed, bias = model.embed.weight.clone(), model.blocks[0].attn.q_proj.bias.clone()
+    assert quantize_frozen_nf4(model, group_size=16) is model
+    levels = nf4_levels()
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear):
+            w = m.weight.double().reshape(m.out_features, -1, 16)  # (d_out, groups, 16)
+            scaled = w / w.abs().amax(-1, keepdim=True)  # each group's absmax is a level, 1
+            dist = (scaled[..., None] - levels).abs().amin(-1)
+            assert dist.max() < 1e-6, name
+            assert (w.abs().amax(-1) > 0).all()
+    assert torch.equal(model.embed.weight, embed)  # embeddings and biases untouched
+    assert torch.equal(model.blocks[0].attn.q_proj.bias, bias)
+    once = [p.clone() for p in model.parameters()]
+    quantize_frozen_nf4(model, group_size=16)  # idempotent up to float round-off
+    assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(once, model.parameters(), strict=True))
+    apply_lora(model, ["q_proj"], r=2, alpha=4, generator=gen(1))  # a QLoRA model
+    assert count_trainable_parameters(model) == 2 * lora_parameter_count(32, 32, 2)
+    with pytest.raises(ValueError, match="does not divide the input width 32"):
+        quantize_frozen_nf4(TransformerLM(cfg), group_size=24)
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        quantize_frozen_nf4(torch.zeros(3, 4))
 
 
 def test_memory_and_counts():

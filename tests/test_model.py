@@ -121,6 +121,36 @@ def test_causal_logits_ignore_the_future(style, T, t, seed):
     assert (a[:, t] - b[:, t]).abs().max() > 0
 
 
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+def test_block_mask_with_restarted_positions_packs_documents(style):
+    model = TransformerLM(tiny(style)).double()
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randint(0, 37, (1, 7), generator=g), torch.randint(0, 37, (1, 5), generator=g)
+    packed = torch.cat([a, b], dim=1)  # (1, 12): two documents in one row
+    doc = torch.tensor([0] * 7 + [1] * 5)
+    mask = (doc[:, None] == doc[None, :])[None, None]  # (1, 1, 12, 12) block diagonal
+    positions = torch.cat([torch.arange(7), torch.arange(5)])
+    out = model(packed, positions=positions, mask=mask)
+    assert torch.allclose(out[:, :7], model(a), rtol=0, atol=1e-12)
+    assert torch.allclose(out[:, 7:], model(b), rtol=0, atol=1e-12)
+    # without the mask the second document sees the first
+    assert (model(packed, positions=positions)[:, 7:] - model(b)).abs().max() > 1e-3
+    assert torch.equal(model(packed, mask=torch.ones(12, 12, dtype=torch.bool)), model(packed))
+    with pytest.raises(TypeError, match="boolean"):
+        model(packed, mask=mask.double())
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+def test_hidden_states_are_what_the_head_reads(style):
+    model = TransformerLM(tiny(style)).double()  # gpt2 ties its head, llama does not
+    ids = torch.randint(0, 37, (3, 9))
+    h = model.hidden_states(ids)
+    assert h.shape == (3, 9, 24)
+    head = model.embed.weight if model.lm_head is None else model.lm_head.weight
+    assert (model.lm_head is None) == (style == "gpt2")
+    assert torch.allclose(model(ids), h @ head.T, rtol=0, atol=1e-12)
+
+
 def test_rope_model_depends_only_on_relative_positions():
     model = TransformerLM(tiny("llama", max_seq_len=40)).double()
     ids = torch.randint(0, 37, (2, 9))

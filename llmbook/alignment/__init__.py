@@ -3,12 +3,24 @@
 Chapter → module → what it defines:
 
 * 16 LoRA → :mod:`~llmbook.alignment.lora`: ``LoRALinear`` (ΔW = (α/r)·B·A with B = 0 at
-  start), ``apply_lora``, merging and unmerging, parameter and memory counts.
+  start), ``apply_lora``, merging and unmerging, parameter and memory counts,
+  ``quantize_frozen_nf4`` (the 4-bit base of QLoRA).
 * 17–20 the objectives → :mod:`~llmbook.alignment.losses`: the Bradley–Terry reward-model
   loss, the DPO and IPO losses, the PPO clipped policy and value losses, GAE, the
   policy-gradient loss, group-normalised rewards and the GRPO loss, the k1/k2/k3 KL
   estimators; :mod:`~llmbook.alignment.logprobs`: per-token log-probabilities of a
   response given a prompt, per-token entropy, masked sums, means and normalisation.
+* 17–19 the shared task → :mod:`~llmbook.alignment.preferences`: a known keyword reward on
+  continuations by the book's text model, prompts from the corpus, Bradley–Terry
+  preference pairs (shipped), and ``evaluate_policy`` (reward and KL of a policy).
+* 17 SFT and reward models → :mod:`~llmbook.alignment.sft` (the prompt-masked loss, packing,
+  the micro-batch step with gradient accumulation) and :mod:`~llmbook.alignment.reward_model`.
+* 18 RLHF with PPO → :mod:`~llmbook.alignment.policy_gradient` (the theorem, checked exactly)
+  and :mod:`~llmbook.alignment.ppo`.
+* 19 DPO → :mod:`~llmbook.alignment.dpo`.
+* 20 RL for reasoning and test-time compute → :mod:`~llmbook.alignment.reasoning`.
+* What Part V trains is shipped as files and loaded (:mod:`~llmbook.alignment.shipped`),
+  so every reader sees the same results; ``make models`` retrains it.
 
 Imports Parts I–IV and the shared helpers, never a later part.
 """

@@ -26,7 +26,9 @@ Contents:
 * :func:`lora_parameter_count`, :func:`adamw_training_memory` and
   :func:`lora_memory_ratio_symbolic` - what LoRA saves. QLoRA (Dettmers et al., 2023,
   "QLoRA: Efficient Finetuning of Quantized LLMs") saves more by storing the frozen weights
-  in 4-bit NF4: pass ``frozen_bytes_per_param=0.5`` to :func:`adamw_training_memory`.
+  in 4-bit NF4: pass ``frozen_bytes_per_param=0.5`` to :func:`adamw_training_memory`,
+  and :func:`quantize_frozen_nf4` rounds a model's linear weights to NF4 (chapter 15) so
+  that adapters can be trained on a 4-bit base.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ __all__ = [
     "lora_parameter_count",
     "lora_state_dict",
     "merge_lora",
+    "quantize_frozen_nf4",
     "unmerge_lora",
 ]
 
@@ -235,6 +238,34 @@ def lora_state_dict(model: nn.Module) -> dict[str, Tensor]:
 def count_trainable_parameters(model: nn.Module) -> int:
     """The number of parameters with ``requires_grad=True`` (shared ones counted once)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+@torch.no_grad()
+def quantize_frozen_nf4(model: nn.Module, group_size: int = 64) -> nn.Module:
+    """Round the weight of every ``nn.Linear`` of ``model`` to 4-bit NF4, in place; returns it.
+
+    Each weight (d_out, d_in) is cut into groups of ``group_size`` consecutive inputs, each
+    group divided by its absolute maximum and snapped to the nearest of the 16 NF4 levels
+    (:func:`llmbook.inference.quant.quantize_nf4`, chapter 15). The values are kept as floats
+    (a simulation: QLoRA stores the 4-bit indices and one constant per group, and
+    dequantises on the fly), so a forward pass computes exactly what QLoRA's would with
+    these weights. Biases, norms and embeddings stay in full precision, as in QLoRA.
+    Call it before :func:`apply_lora`; a ``d_in`` that ``group_size`` does not divide is a
+    ``ValueError``.
+    """
+    from llmbook.inference.quant import quantize_nf4
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    group_size = check_positive_int("group_size", group_size)
+    linears = _linear_names(model)
+    for name, linear in linears.items():
+        if linear.in_features % group_size:
+            raise ValueError(f"group_size={group_size} does not divide the input width "
+                             f"{linear.in_features} of {name}")
+    for linear in linears.values():
+        linear.weight.copy_(quantize_nf4(linear.weight, group_size))
+    return model
 
 
 def lora_parameter_count(d_in: int, d_out: int, r: int) -> int:

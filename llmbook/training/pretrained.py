@@ -54,7 +54,7 @@ from llmbook.text.data import default_source
 from llmbook.training.train import TrainConfig, evaluate, train
 from llmbook.transformer.model import TransformerConfig, TransformerLM
 
-__all__ = ["RECIPES", "book_model", "generate", "models_dir", "recipe_hash", "sample_text",
+__all__ = ["RECIPES", "book_model", "generate", "machine_facts", "models_dir", "recipe_hash", "sample_text",
            "write_book_model"]
 
 #: Bumped when the training code changes in a way the recipe dicts do not show.
@@ -136,7 +136,8 @@ def _text_data(recipe: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, dict[str
     return ids[:n_train], ids[n_train:], {"val_bytes": val_bytes}, tokenizer
 
 
-def _machine() -> dict[str, Any]:
+def machine_facts() -> dict[str, Any]:
+    """The CPU, core count, torch threads and kernel level, platform and versions of this machine."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -190,7 +191,7 @@ def write_book_model(kind: str, directory: str | os.PathLike | None = None) -> d
     kind = _check_kind(kind)
     model, info, tokenizer = _train_book_model(kind)
     info["made"] = {"command": COMMAND, "date": datetime.date.today().isoformat(),
-                    **_machine()}
+                    **machine_facts()}
     folder = Path(directory or models_dir()) / kind
     folder.mkdir(parents=True, exist_ok=True)
     save_model(model, str(folder / "model.safetensors"), metadata={"recipe_hash": info["recipe_hash"]})

@@ -212,9 +212,10 @@ class DecoderBlock(nn.Module):
 
     def forward(self, x: Tensor, positions: Tensor | None = None,
                 rope: Callable[[Tensor, Tensor], Tensor] | None = None,
-                cache: AttentionCache | None = None, layer: int = 0) -> Tensor:
+                cache: AttentionCache | None = None, layer: int = 0,
+                mask: Tensor | None = None) -> Tensor:
         x = x + self.attn(self.attn_norm(x), positions=positions, rope=rope, cache=cache,
-                          layer=layer)  # (B, T, d)
+                          layer=layer, mask=mask)  # (B, T, d)
         return x + self.mlp(self.mlp_norm(x))  # (B, T, d)
 
 
@@ -332,7 +333,7 @@ class TransformerLM(nn.Module):
         return positions
 
     def forward(self, ids: Tensor, positions: Tensor | None = None,
-                cache: AttentionCache | None = None) -> Tensor:
+                cache: AttentionCache | None = None, mask: Tensor | None = None) -> Tensor:
         """Logits of the next token at every position: ids (B, T) -> (B, T, V).
 
         ``positions`` (T,) or (B, T) default to 0, 1, ..., T-1; with ``positions=None`` a
@@ -340,6 +341,23 @@ class TransformerLM(nn.Module):
         ``cache`` (:class:`~llmbook.inference.kvcache.KVCache`, chapter 12) ``ids`` are the tokens
         that follow the cached ones: positions default to ``cache.length + arange(T)``,
         attention sees the cached keys and values too, and the cache grows by T.
+
+        ``mask`` (boolean, True = may attend, broadcasting to (B, H, T, T_k)) is and-ed with
+        the causal mask in every layer: with ``positions`` that restart at 0 for each
+        document, a block-diagonal mask lets several documents share one row (*packing*,
+        chapter 17) with each seeing only itself.
+        """
+        h = self.hidden_states(ids, positions, cache, mask)  # (B, T, d)
+        if self.lm_head is None:
+            return F.linear(h, self.embed.weight)  # (B, T, V): z = h E^T, tied
+        return self.lm_head(h)  # (B, T, V)
+
+    def hidden_states(self, ids: Tensor, positions: Tensor | None = None,
+                      cache: AttentionCache | None = None, mask: Tensor | None = None) -> Tensor:
+        """The final-normed hidden states h: ids (B, T) -> (B, T, d); arguments as :meth:`forward`.
+
+        The logits are h E^T (or the untied head applied to h); a reward model (chapter 17)
+        puts a scalar head on h instead.
         """
         if cache is not None:
             positions = self._check_cache(ids, positions, cache)
@@ -359,13 +377,10 @@ class TransformerLM(nn.Module):
                 return apply_rotary(t, cos, sin, interleaved=interleaved)  # (B, H, T, d_head)
 
         for layer, block in enumerate(self.blocks):
-            x = block(x, positions, rope, cache, layer)  # (B, T, d)
+            x = block(x, positions, rope, cache, layer, mask)  # (B, T, d)
         if cache is not None:
             cache.advance(ids.shape[1])
-        h = self.final_norm(x)  # (B, T, d)
-        if self.lm_head is None:
-            return F.linear(h, self.embed.weight)  # (B, T, V): z = h E^T, tied
-        return self.lm_head(h)  # (B, T, V)
+        return self.final_norm(x)  # (B, T, d)
 
     def num_parameters(self) -> int:
         """The number of distinct parameters (a tied matrix counts once)."""
