@@ -18,7 +18,8 @@ Chapter → module → what it defines:
 * 18 RLHF with PPO → :mod:`~llmbook.alignment.policy_gradient` (the theorem, checked exactly)
   and :mod:`~llmbook.alignment.ppo`.
 * 19 DPO → :mod:`~llmbook.alignment.dpo`.
-* 20 RL for reasoning and test-time compute → :mod:`~llmbook.alignment.reasoning`.
+* 20 RL for reasoning and test-time compute → :mod:`~llmbook.alignment.reasoning` (the
+  arithmetic task, GRPO) and :mod:`~llmbook.alignment.test_time` (majority vote, best-of-N).
 * What Part V trains is shipped as files and loaded (:mod:`~llmbook.alignment.shipped`),
   so every reader sees the same results; ``make models`` retrains it.
 

@@ -9,8 +9,8 @@ corpus (the Python standard library's docstrings) with the book's text model
 
 (words that name Python values: " value", " string", " list", ...). The reward is
 programmatic, so a learned reward can be correlated with it, and it is *hackable*: a
-policy that only says " None None None" scores the maximum while no longer writing
-docstrings, which is what the KL penalty of chapter 18 guards against.
+policy that only says " object object object" scores the maximum while no longer writing
+docstrings (chapter 18's PPO finds it when the KL penalty is too weak).
 
 Preferences are drawn as a human labeller is modelled in RLHF (Ouyang et al., 2022,
 "Training language models to follow instructions with human feedback"): two responses

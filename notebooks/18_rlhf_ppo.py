@@ -1,0 +1,681 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 18 RLHF with PPO
+#
+# Chapter 17 turned preferences into a reward. This chapter trains a policy to *earn* it:
+# reinforcement learning from human feedback as in Ziegler et al. (2019, "Fine-Tuning
+# Language Models from Human Preferences") and InstructGPT (Ouyang et al., 2022), with
+# Proximal Policy Optimization (PPO; Schulman et al., 2017). To see exactly what the method
+# does, the reward here is the *true* reward of the book's alignment task (chapter 17): the
+# number of Python-value keywords (" value", " None", " list", ...) in a 24-token continuation
+# of a docstring prompt. This chapter:
+#
+# 1. states the **KL-regularised objective** and turns it into a per-token reward;
+# 2. derives the **policy-gradient theorem** in SymPy and checks it by Monte Carlo, error
+#    shrinking like $1/\sqrt N$ and a baseline cutting the variance;
+# 3. derives the bias and variance of the three **KL estimators** $k_1, k_2, k_3$ and samples
+#    them;
+# 4. proves the telescoping sum behind **GAE** and its two limits;
+# 5. finds where the **clipped surrogate** has zero gradient, checked with autograd;
+# 6. runs **PPO on the book's text model**, shipped as two runs;
+# 7. shows **reward hacking** when the KL coefficient is too small.
+
+# %%
+import copy
+
+import matplotlib.pyplot as plt
+import numpy as np
+import sympy as sp
+import torch
+from IPython.display import display
+
+from llmbook.alignment.losses import gae, ppo_policy_loss, ppo_value_loss
+from llmbook.alignment.policy_gradient import (
+    clipped_surrogate_grad,
+    exact_policy_gradient,
+    gae_symbolic,
+    kl_estimator_moments,
+    sample_kl_estimators,
+    score_function_samples,
+    softmax_policy_gradient_symbolic,
+)
+from llmbook.alignment.ppo import (
+    PPO_RECIPE,
+    ValueModel,
+    kl_shaped_rewards,
+    load_ppo_policy,
+    make_policy,
+    ppo_update,
+    rollout,
+)
+from llmbook.alignment.preferences import (
+    evaluate_policy,
+    keyword_ids,
+    keyword_reward,
+    preference_data,
+    sample_responses,
+)
+from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.training.pretrained import book_model
+
+g = seed_everything(0)
+torch.set_num_threads(1)  # a small model: one thread is steadier
+f64 = torch.float64
+
+# %% [markdown]
+# ## 18.1 The KL-regularised objective
+#
+# A prompt $x$ is continued by a response $y = (y_1, \dots, y_R)$ drawn from the policy
+# $\pi_\theta(\cdot \mid x)$. RLHF maximises the reward while staying close to the reference
+# model $\pi_{\text{ref}}$ it started from:
+#
+# $$ J(\pi) = \mathbb E_{x}\Big[\ \mathbb E_{y\sim\pi(\cdot|x)}\big[r(x, y)\big]
+#    - \beta\, \mathrm{KL}\big(\pi(\cdot|x)\,\|\,\pi_{\text{ref}}(\cdot|x)\big)\Big]. $$
+#
+# The KL term keeps the policy where the reward can be trusted: a learned reward is only a
+# proxy, and pushing it far from the data it was fitted on finds its flaws (Gao et al.,
+# 2023, "Scaling Laws for Reward Model Overoptimization"). Section 18.7 shows what happens
+# without enough of it.
+#
+# Because $\log \pi(y|x) = \sum_t \log \pi(y_t \mid s_t)$ with the *state*
+# $s_t = (x, y_{<t})$, the KL of whole responses is the expected sum of per-token log-ratios,
+#
+# $$ \mathrm{KL}\big(\pi(\cdot|x)\|\pi_{\text{ref}}(\cdot|x)\big)
+#    = \mathbb E_{y\sim\pi}\Big[\sum_{t=1}^{R} \log\frac{\pi(y_t|s_t)}{\pi_{\text{ref}}(y_t|s_t)}\Big], $$
+#
+# so $J$ is the expected *return* of an episode with one reward per token,
+#
+# $$ r_t = -\beta\,\big(\log\pi(y_t|s_t) - \log\pi_{\text{ref}}(y_t|s_t)\big) + [t = R]\; r(x, y). $$
+#
+# SymPy checks the first identity on the smallest case with structure: a two-token response
+# over the vocabulary $\{a, b\}$, where the second token's distribution depends on the first.
+
+# %%
+u, va, vb, U, Va, Vb = sp.symbols("u v_a v_b u' v'_a v'_b", positive=True)
+
+
+def two_token(first, second_a, second_b):
+    """Probability of each response (y1, y2) and of each of its two tokens."""
+    p1 = {"a": first, "b": 1 - first}
+    p2 = {("a", "a"): second_a, ("a", "b"): 1 - second_a, ("b", "a"): second_b, ("b", "b"): 1 - second_b}
+    return {(y1, y2): (p1[y1] * p2[(y1, y2)], p1[y1], p2[(y1, y2)]) for y1 in "ab" for y2 in "ab"}
+
+
+pi, ref = two_token(u, va, vb), two_token(U, Va, Vb)
+kl_sequences = sum(pi[y][0] * sp.log(pi[y][0] / ref[y][0]) for y in pi)
+kl_tokens = sum(pi[y][0] * (sp.log(pi[y][1] / ref[y][1]) + sp.log(pi[y][2] / ref[y][2])) for y in pi)
+assert sp.simplify(sp.expand_log(kl_sequences - kl_tokens, force=True)) == 0
+print("KL of 2-token responses = E[sum of per-token log-ratios]: True")
+
+# %% [markdown]
+# `kl_shaped_rewards` builds the per-token rewards, with the score on the last response
+# token (or the last unmasked one, for right-padded batches); summed over a response they
+# are $r(x, y) - \beta \log\frac{\pi(y|x)}{\pi_{\text{ref}}(y|x)}$.
+
+# %%
+show_source(kl_shaped_rewards)
+
+# %%
+logp, logp_ref = torch.randn(3, 24, generator=g, dtype=f64), torch.randn(3, 24, generator=g, dtype=f64)
+scores = torch.tensor([2.0, 0.0, 5.0], dtype=f64)
+shaped = kl_shaped_rewards(scores, logp, logp_ref, beta=0.3)
+checks = Checks("per-token rewards")
+checks.close("sum over tokens = r - β log π(y|x)/π_ref(y|x)", scores - 0.3 * (logp - logp_ref).sum(1),
+             shaped.sum(1), tol=1e-13)
+checks.close("tokens before the last: -β log-ratio only", -0.3 * (logp - logp_ref)[:, :-1], shaped[:, :-1], tol=1e-15)
+checks
+
+# %% [markdown]
+# ## 18.2 The policy-gradient theorem
+#
+# To climb $J$ one needs its gradient, but $J$ is an expectation over samples from the very
+# distribution being changed. The **score-function identity** moves the gradient inside:
+# for a distribution $\pi_\theta$ over a finite set,
+#
+# $$ \nabla_\theta\, \mathbb E_{a\sim\pi_\theta}[f(a)] = \sum_a f(a)\,\nabla_\theta \pi_\theta(a)
+#    = \sum_a \pi_\theta(a)\, f(a)\,\nabla_\theta \log\pi_\theta(a)
+#    = \mathbb E_{a\sim\pi_\theta}\big[f(a)\,\nabla_\theta\log\pi_\theta(a)\big], $$
+#
+# using $\nabla\pi = \pi\,\nabla\log\pi$. The right-hand side can be estimated from samples of
+# the current policy alone (REINFORCE; Williams, 1992). Subtracting a constant *baseline* $b$
+# from $f$ changes nothing in expectation, because
+# $\mathbb E[\nabla\log\pi] = \sum_a \nabla\pi(a) = \nabla 1 = 0$, but it can shrink the
+# variance a lot.
+#
+# For a softmax policy $\pi = \mathrm{softmax}(\theta)$ both sides have the closed form
+# $\partial J/\partial\theta_j = \pi_j (f_j - J)$. SymPy derives all three forms for $K = 3$
+# actions, and the baseline term:
+
+# %%
+pg = softmax_policy_gradient_symbolic(3)
+for j in range(3):
+    assert sp.simplify(pg["direct"][j] - pg["closed"][j]) == 0  # d/dθ_j of sum_k π_k f_k
+    assert sp.simplify(pg["score"][j] - pg["closed"][j]) == 0  # E[f ∂ log π / ∂θ_j]
+    assert sp.simplify(pg["baseline_term"][j]) == 0  # E[∂ log π / ∂θ_j] = 0
+display(sp.Eq(sp.Symbol(r"\partial J/\partial\theta_0"), sp.factor(sp.simplify(pg["direct"][0]))))
+
+# %% [markdown]
+# **Checked by Monte Carlo.** A policy over $K = 5$ actions with positive rewards (like
+# keyword counts). The exact gradient comes from autograd of $\sum_k \pi_k f_k$ and from the
+# SymPy closed form; the estimate is the mean of $N$ single-sample estimates
+# $(f(a) - b)\,\nabla\log\pi(a)$ with $\nabla_\theta\log\pi(a) = e_a - \pi$. Its error is that
+# of a mean of $N$ independent terms: root-mean-square $\sqrt{\sigma^2_b / N}$, with the total
+# variance of one term
+#
+# $$ \sigma_b^2 = \mathbb E\big[(f(a)-b)^2\,\|e_a - \pi\|^2\big] - \|\nabla J\|^2 , $$
+#
+# computed exactly below and compared with 100 independent estimates at each $N$.
+
+# %%
+theta = torch.tensor([0.5, -0.3, 1.2, 0.0, -1.0], dtype=f64)
+f = torch.tensor([3.0, 1.0, 4.0, 1.5, 2.0], dtype=f64)
+exact = exact_policy_gradient(theta, f)
+pg5 = softmax_policy_gradient_symbolic(5)
+closed = sp.lambdify([*pg5["theta"], *pg5["f"]], pg5["closed"])(*theta.tolist(), *f.tolist())
+probs = torch.softmax(theta, 0)
+J_value = float(probs @ f)
+scores_sq = ((torch.eye(5, dtype=f64) - probs) ** 2).sum(1)  # ||e_a - π||², one per action
+
+
+def total_variance(b):
+    return float((probs * (f - b) ** 2 * scores_sq).sum() - exact.pow(2).sum())
+
+
+checks = Checks("the exact policy gradient")
+checks.close("autograd = SymPy closed form π_j (f_j - J)", torch.tensor(closed), exact, tol=1e-15)
+checks.true("a baseline b = J cuts the variance σ² more than 3-fold",
+            total_variance(J_value) < total_variance(0.0) / 3, got=total_variance(0.0) / total_variance(J_value))
+checks
+
+# %%
+Ns, reps = np.array([10, 100, 1000, 10000]), 100
+rms = {}
+for b, name in ((0.0, "no baseline"), (J_value, "baseline b = J")):
+    rms[name] = np.array([np.sqrt(np.mean([float((score_function_samples(theta, f, int(n), g, b).mean(0)
+                                                    - exact).pow(2).sum()) for _ in range(reps)]))
+                          for n in Ns])
+slopes = {name: np.polyfit(np.log(Ns), np.log(err), 1)[0] for name, err in rms.items()}
+checks = Checks("Monte Carlo policy gradient (100 estimates per N)")
+for (name, err), b in zip(rms.items(), (0.0, J_value), strict=True):
+    checks.close(f"{name}: slope of log RMS error against log N", -0.5, slopes[name], tol=0.05)
+    predicted = np.sqrt(total_variance(b) / Ns)
+    checks.true(f"{name}: RMS error within 15 % of sqrt(σ²/N) at every N",
+                bool(np.all(np.abs(err / predicted - 1) < 0.15)))
+checks
+
+# %%
+fig, ax = plt.subplots(figsize=(6, 4))
+for (name, err), b, marker in zip(rms.items(), (0.0, J_value), "os", strict=True):
+    ax.loglog(Ns, err, marker, label=f"{name}: measured")
+    ax.loglog(Ns, np.sqrt(total_variance(b) / Ns), "--", color=ax.lines[-1].get_color(),
+              label=f"{name}: √(σ²/N)")
+ax.set(xlabel="samples N", ylabel="RMS error of the gradient estimate",
+       title="REINFORCE on a 5-action softmax policy")
+ax.legend()
+fig.tight_layout()
+save_figure(fig, "18_rlhf_ppo_policy_gradient")
+plt.show()
+
+# %% [markdown]
+# Both lines fall with slope $-\tfrac12$: ten times the samples for a $\sqrt{10}$ smaller
+# error. The baseline moves the whole line down, as if it had multiplied the samples by
+# $\sigma_0^2/\sigma_J^2$. (The best constant baseline is not quite $J$; exercise 1 finds it.)
+#
+# **From actions to responses.** For a response, $\nabla\log\pi(y|x) = \sum_t\nabla\log\pi(y_t|s_t)$,
+# so the gradient of $J$ is $\mathbb E\big[\sum_t G\,\nabla\log\pi(y_t|s_t)\big]$ with the
+# return $G = \sum_{t'} r_{t'}$. Two refinements keep it unbiased and lower its variance: a
+# token cannot change the rewards before it, so $G$ can be replaced by the *return-to-go*
+# $G_t = \sum_{t'\ge t} r_{t'}$; and any baseline $V(s_t)$ that depends only on the state can be
+# subtracted, leaving the **advantage** $G_t - V(s_t)$. A learned value function $V$ (the
+# *critic*) provides it.
+#
+# One subtle point: the per-token KL reward depends on $\theta$ itself. Its gradient has an
+# extra term $-\beta\,\mathbb E[\nabla\log\pi(y_t|s_t)]$, which is the baseline term above and
+# vanishes. So treating $-\beta\log(\pi/\pi_{\text{ref}})$ as an ordinary reward, as PPO for
+# RLHF does, follows the exact gradient of $J$.
+#
+# ## 18.3 Estimating the KL
+#
+# The KL of whole responses cannot be summed over all $V^R$ responses; it is estimated at the
+# sampled ones. J. Schulman ("Approximating KL Divergence", 2020) compares three
+# single-sample estimators of $\mathrm{KL}(p\|q)$ for $x\sim p$, with $\rho = q(x)/p(x)$
+# (here $p = \pi$ the policy, $q = \pi_{\text{ref}}$):
+#
+# $$ k_1 = -\log\rho, \qquad k_2 = \tfrac12(\log\rho)^2, \qquad k_3 = (\rho - 1) - \log\rho. $$
+#
+# $k_1$ is unbiased by definition. $k_3$ adds $\rho - 1$, whose mean is
+# $\sum_x p(x)\big(q(x)/p(x) - 1\big) = 0$, so it is unbiased too. SymPy checks both for a
+# general pair of two-outcome distributions $p = (a, 1-a)$, $q = (b, 1-b)$, and finds $k_2$
+# biased:
+
+# %%
+a, b = sp.symbols("a b", positive=True)
+moments = kl_estimator_moments([a, 1 - a], [b, 1 - b])
+kl_ab = moments["kl"][0]
+assert sp.simplify(moments["k1"][0] - kl_ab) == 0 and sp.simplify(moments["k3"][0] - kl_ab) == 0
+bias_k2 = moments["k2"][0] - kl_ab
+assert sp.simplify(bias_k2) != 0
+print("E[k1] = E[k3] = KL exactly; bias of k2 at a = 1/2, b = 1/10:",
+      sp.N(bias_k2.subs({a: sp.Rational(1, 2), b: sp.Rational(1, 10)}), 4))
+
+# %% [markdown]
+# $k_3$ is also never negative, unlike $k_1$: $g(\rho) = \rho - 1 - \log\rho$ has $g(1) = 0$,
+# $g'(1) = 0$ and $g'' = 1/\rho^2 > 0$, so it is convex with its minimum $0$ at $\rho = 1$
+# (the inequality $\log\rho \le \rho - 1$).
+
+# %%
+x = sp.Symbol("x", positive=True)
+g3 = x - 1 - sp.log(x)
+assert sp.solve(sp.diff(g3, x), x) == [1] and g3.subs(x, 1) == 0 and sp.diff(g3, x, 2) == 1 / x**2
+display(sp.Eq(sp.Function("g")(x), g3), sp.Eq(sp.Derivative(sp.Function("g")(x), (x, 2)), sp.diff(g3, x, 2)))
+
+# %% [markdown]
+# Exactly, on a three-outcome pair (the policy $p$ has moved away from the reference $q$),
+# and then by sampling $10^5$ draws from $p$ through `losses.kl_estimators`:
+
+# %%
+p_sym = [sp.Rational(1, 2), sp.Rational(1, 3), sp.Rational(1, 6)]
+q_sym = [sp.Rational(1, 5), sp.Rational(2, 5), sp.Rational(2, 5)]
+exact_m = kl_estimator_moments(p_sym, q_sym)
+kl_exact = exact_m["kl"][0]
+print(f"KL(p || q) = {sp.N(kl_exact, 4)}")
+print(f"{'':4s} {'mean':>8s} {'bias':>8s} {'variance':>9s}")
+for name in ("k1", "k2", "k3"):
+    mean, var = exact_m[name]
+    print(f"{name:4s} {float(sp.N(mean, 15)):8.4f} {float(sp.N(mean - kl_exact, 15)):8.4f} {float(sp.N(var, 15)):9.4f}")
+
+# %%
+N = 100_000
+p_t = torch.tensor([float(v) for v in p_sym], dtype=f64)
+q_t = torch.tensor([float(v) for v in q_sym], dtype=f64)
+est = sample_kl_estimators(p_t, q_t, N, g)
+checks = Checks(f"KL estimators, {N} samples from p")
+for name in ("k1", "k2", "k3"):
+    xs, (mean, var) = getattr(est, name), exact_m[name]
+    checks.true(f"{name}: sample mean within 4 standard errors of the exact mean",
+                abs(float(xs.mean()) - float(mean)) < 4 * float(xs.std()) / N**0.5)
+    checks.close(f"{name}: sample variance / exact variance", 1.0, float(xs.var()) / float(var), tol=0.03)
+checks.true("k3 >= 0 on every sample; k1 < 0 on some", bool((est.k3 >= 0).all() and (est.k1 < 0).any()))
+checks
+
+# %% [markdown]
+# Here $k_3$ has a fifteenth of $k_1$'s variance at no bias, and $k_2$, biased upwards by 11 %,
+# does not even spread less. Exercise 2 shows why: for $q$ close to $p$, $k_1$'s spread is of the order of
+# $\sqrt{\mathrm{KL}}$, far larger than the KL itself, while $k_2$ and $k_3$ spread on the
+# order of the KL. This chapter's PPO puts $k_1$ in the per-token reward (its sum over a
+# response *is* the sequence log-ratio, which the derivation of 18.1 needs) and reports the
+# KL of whole responses as the mean of those sums, as `evaluate_policy` does; GRPO (chapter 20)
+# puts $k_3$ in its loss.
+#
+# ## 18.4 Generalised advantage estimation
+#
+# The critic $V$ gives two extreme advantage estimates. The one-step *TD error*
+# $\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t)$ has little variance (one reward) but all of
+# $V$'s bias; the Monte Carlo advantage $\sum_{l}\gamma^l r_{t+l} - V(s_t)$ is unbiased but
+# carries the noise of every later reward. Schulman et al. (2016, "High-Dimensional Continuous
+# Control Using Generalized Advantage Estimation") interpolate with $\lambda\in[0, 1]$:
+#
+# $$ \hat A_t = \sum_{l=0}^{T-1-t} (\gamma\lambda)^l\, \delta_{t+l}
+#    \quad\Longleftrightarrow\quad \hat A_t = \delta_t + \gamma\lambda\, \hat A_{t+1},\ \ \hat A_T = 0 , $$
+#
+# with $V(s_T) = 0$ after the last token. At $\lambda = 0$ it is $\delta_t$. At $\lambda = 1$ the
+# sum **telescopes**: in $\sum_l \gamma^l\big(r_{t+l} + \gamma V_{t+l+1} - V_{t+l}\big)$ every
+# $V_{t+k}$ with $k \ge 1$ appears once with $+\gamma^{k}$ (from $\delta_{t+k-1}$) and once with
+# $-\gamma^{k}$ (from $\delta_{t+k}$), leaving $\sum_l\gamma^l r_{t+l} - V_t + \gamma^{T-t}V_T$,
+# the Monte Carlo advantage. The argument holds for every $T$; SymPy checks it, the recursion
+# and the $\lambda = 0$ limit term by term for an episode of $T = 6$ steps:
+
+# %%
+G = gae_symbolic(6)
+for t in range(6):
+    assert sp.expand(G["recursive"][t] - G["closed"][t]) == 0
+    assert sp.expand(G["closed"][t].subs(G["lam"], 0) - G["td"][t]) == 0
+    assert sp.expand(G["closed"][t].subs(G["lam"], 1) - G["mc"][t]) == 0
+display(sp.Eq(sp.Symbol(r"\hat A_4"), sp.collect(sp.expand(G["closed"][4]), G["gamma"] * G["lam"])),
+        sp.Eq(sp.Symbol(r"\hat A_4|_{\lambda=1}"), G["mc"][4]))
+
+# %% [markdown]
+# The package's `gae` runs the backward recursion on a batch (with a mask for padding). It
+# agrees with the SymPy closed form, evaluated at random rewards and values:
+
+# %%
+show_source(gae)
+
+# %%
+fn = sp.lambdify([*G["r"], *G["V"], G["gamma"], G["lam"]], G["closed"])
+r6, v6 = torch.randn(6, generator=g, dtype=f64), torch.randn(6, generator=g, dtype=f64)
+checks = Checks("losses.gae against the SymPy closed form (T = 6)")
+for gamma_, lam_ in ((1.0, 0.95), (0.9, 0.0), (0.99, 1.0)):
+    want = torch.tensor(fn(*r6.tolist(), *v6.tolist(), gamma_, lam_), dtype=f64)
+    checks.close(f"γ = {gamma_}, λ = {lam_}", want, gae(r6, v6, gamma_, lam_)[0], tol=1e-13)
+checks
+
+# %% [markdown]
+# ## 18.5 The clipped surrogate and the value loss
+#
+# One rollout costs a generation pass; PPO reuses it for several gradient steps. After the
+# first step the samples come from the *old* policy $\pi_{\text{old}}$, so the objective is
+# importance-weighted by the ratio $\rho_t = \pi_\theta(y_t|s_t)/\pi_{\text{old}}(y_t|s_t)$, and
+# to stop the policy from moving far on stale samples Schulman et al. (2017) clip it:
+#
+# $$ L^{\text{CLIP}} = \mathbb E_t\Big[\min\big(\rho_t \hat A_t,\ \mathrm{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t\big)\Big]. $$
+#
+# Where is its gradient zero? For $A > 0$ the minimum picks the clipped term once
+# $\rho > 1 + \epsilon$; for $A < 0$ once $\rho < 1 - \epsilon$. SymPy, with positive symbols
+# $\epsilon, s, a$ placing $\rho$ beyond each edge ($\rho = 1 + \epsilon + s$ or
+# $1 - \epsilon - s$) and $A = a$ or $A = -a$:
+
+# %%
+rho, A, eps, s, a_ = sp.symbols("rho A epsilon s a", positive=True)
+surrogate = sp.Min(rho * A, sp.Max(1 - eps, sp.Min(rho, 1 + eps)) * A)
+cases = {"A > 0, ρ > 1+ε": (a_, 1 + eps + s), "A > 0, ρ < 1-ε": (a_, 1 - eps - s),
+         "A < 0, ρ > 1+ε": (-a_, 1 + eps + s), "A < 0, ρ < 1-ε": (-a_, 1 - eps - s)}
+for name, (adv, ratio_at) in cases.items():
+    value = sp.simplify(surrogate.subs(A, adv).subs(rho, ratio_at))
+    slope = sp.diff(value, s) * sp.diff(ratio_at, s)  # d/dρ = (d/ds) / (dρ/ds), dρ/ds = ±1
+    print(f"{name}:  L = {sp.sstr(value):24s} dL/dρ = {slope}")
+
+# %% [markdown]
+# Inside $[1-\epsilon, 1+\epsilon]$ the clip does nothing and $dL/d\rho = A$. So the gradient is
+# zero in exactly two of the four outer cases: when the ratio has already moved *in the
+# direction the advantage favours* by more than $\epsilon$ (more probable for a good token,
+# less probable for a bad one). A ratio that moved the wrong way keeps its full gradient and
+# is pulled back. `clipped_surrogate_grad` encodes the cases; autograd through the package's
+# `ppo_policy_loss` (the negated mean of $L^{\text{CLIP}}$ over tokens) must agree, with
+# $\partial\rho/\partial\log\pi = \rho$:
+
+# %%
+ratios = torch.linspace(0.5, 1.5, 41, dtype=f64).repeat(2)
+adv = torch.cat([torch.ones(41, dtype=f64), -torch.ones(41, dtype=f64)])
+logp = torch.log(ratios).requires_grad_(True)  # old log-probabilities 0, so ρ = exp(logp)
+old, mask = torch.zeros_like(ratios), torch.ones_like(ratios)
+loss, clip_fraction = ppo_policy_loss(logp[None], old[None], adv[None], mask[None], 0.2)
+(grad,) = torch.autograd.grad(loss, logp)
+hand = -clipped_surrogate_grad(ratios, adv, 0.2) * ratios / len(ratios)
+checks = Checks("clipped surrogate: hand-derived gradient against autograd")
+checks.close("d loss / d log π at 82 tokens (A = ±1, ρ in [0.5, 1.5])", hand, grad, tol=1e-15)
+checks.equal("zero-gradient tokens = clip_fraction × tokens", int(round(float(clip_fraction) * 82)),
+             int((grad == 0).sum()))
+checks
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+grid = torch.linspace(0.4, 1.6, 241, dtype=f64)
+for ax, sign in zip(axes, (1.0, -1.0), strict=True):
+    clipped = torch.minimum(grid * sign, torch.clamp(grid, 0.8, 1.2) * sign)
+    ax.plot(grid, grid * sign, "--", color="grey", label="unclipped ρA")
+    ax.plot(grid, clipped, lw=2, label="min(ρA, clip(ρ, 1-ε, 1+ε)A)")
+    flat = grid > 1.2 if sign > 0 else grid < 0.8
+    ax.fill_between(grid, -1.7, 1.7, where=flat.numpy(), color="C1", alpha=0.15, label="zero gradient")
+    ax.set(xlabel="ratio ρ = π/π_old", title=f"A = {sign:+.0f}, ε = 0.2", ylim=(-1.7, 1.7))
+axes[0].set_ylabel("per-token objective")
+axes[0].legend(loc="upper left")
+fig.tight_layout()
+save_figure(fig, "18_rlhf_ppo_clipped_objective")
+plt.show()
+
+# %% [markdown]
+# The clip removes the *incentive* to move further, not the possibility: other tokens'
+# gradients share the same weights and can still push a clipped ratio along. The tests
+# (`tests/test_alignment_ppo.py`) measure it on a tiny model: after thirty epochs on one
+# rollout the clipped ratios stay within a small factor of 1, while those of the unclipped
+# surrogate run off by orders of magnitude.
+#
+# **The value loss.** The critic regresses on the returns $R_t = \hat A_t + V_{\text{old}}(s_t)$.
+# The PPO implementations for RLHF clip it the same way, around the values recorded at rollout
+# time: $\tfrac12\max\big((V - R)^2, (V_{\text{clip}} - R)^2\big)$ with
+# $V_{\text{clip}} = V_{\text{old}} + \mathrm{clip}(V - V_{\text{old}}, -\epsilon_V, \epsilon_V)$.
+# Once $V$ has moved more than $\epsilon_V$ from $V_{\text{old}}$ *towards* the return, the
+# clipped term is the larger one and constant in $V$, and the gradient stops; a value that moved
+# away keeps its full gradient. It is the same pessimism as the policy's clip:
+
+# %%
+values = torch.tensor([[1.4, 1.1, 0.5]], dtype=f64, requires_grad=True)  # V_old = 1, return R = 2
+old_v, ret = torch.ones(1, 3, dtype=f64), torch.full((1, 3), 2.0, dtype=f64)
+loss, _ = ppo_value_loss(values, old_v, ret, torch.ones(1, 3), clip_eps=0.2)
+(grad,) = torch.autograd.grad(loss, values)
+checks = Checks("clipped value loss (V_old = 1, R = 2, ε_V = 0.2, 3 tokens)")
+checks.close("V = 1.4, moved towards R beyond ε_V: gradient 0", 0.0, grad[0, 0], tol=0)
+checks.close("V = 1.1, within ε_V: gradient (V - R)/3", (1.1 - 2) / 3, grad[0, 1], tol=1e-15)
+checks.close("V = 0.5, moved away from R: gradient (V - R)/3", (0.5 - 2) / 3, grad[0, 2], tol=1e-15)
+checks
+
+# %% [markdown]
+# ## 18.6 PPO on the book's text model
+#
+# Now the whole loop, on the task of chapter 17: the book's text model continues an 8-token
+# docstring prompt with 24 tokens, and the reward is the number of keyword tokens. The base
+# model scores 0.33 on the 512 test prompts. The pieces, in `llmbook.alignment.ppo`:
+#
+# * **policy**: the text model with LoRA adapters (chapter 16; $r = 8$, $\alpha = 16$) on all
+#   six linear layers of each block, 110 592 trainable parameters. Three reasons: the shipped
+#   policy is a 0.4 MB adapter file instead of an 8 MB model; the reference is simply the base
+#   model; and with $B = 0$ at the start the policy *is* the reference, so the first rollout has
+#   a KL of exactly 0.
+# * **critic** (`ValueModel`): a separate copy of the base model, all of it trained, with a
+#   linear value head on its final hidden states, so that the value loss never pulls on the
+#   policy's weights (InstructGPT also keeps the value model separate).
+# * **rollout**: sample a response to each of 32 training prompts at temperature 1, then one
+#   forward pass each of the policy, the reference and the critic to record
+#   $\log\pi_{\text{old}}$, $\log\pi_{\text{ref}}$, $V_{\text{old}}$ and the entropy.
+# * **update** (`ppo_update`): per-token rewards, GAE with $\gamma = 1$, $\lambda = 0.95$,
+#   advantages whitened over the batch, then 2 epochs of minibatches of 16 responses, each a
+#   step on the clipped surrogate ($\epsilon = 0.2$) and one on the clipped value loss
+#   ($\epsilon_V = 0.2$), gradient norms clipped to 1.
+
+# %%
+show_source(ppo_update)
+
+# %% [markdown]
+# Two iterations live, on 16 prompts each, to see the moving parts (the full runs are shipped):
+
+# %%
+reference, info = book_model("text")
+tok = info["tokenizer"]
+kw = keyword_ids(tok)
+train_prompts, test_prompts = preference_data("train").prompts, preference_data("test").prompts
+policy = make_policy(reference, PPO_RECIPE["lora_targets"], PPO_RECIPE["lora_r"], PPO_RECIPE["lora_alpha"], g)
+critic = ValueModel(copy.deepcopy(reference).requires_grad_(True))
+policy_opt = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=PPO_RECIPE["lr"])
+critic_opt = torch.optim.Adam(critic.parameters(), lr=PPO_RECIPE["critic_lr"])
+
+
+def reward_fn(prompts, responses):
+    return keyword_reward(responses, kw)
+
+
+first = rollout(policy, reference, critic, train_prompts[:16], 24, reward_fn, g)
+stats = ppo_update(policy, critic, first, policy_opt, critic_opt, beta=0.3, minibatch_size=8, generator=g)
+second = rollout(policy, reference, critic, train_prompts[16:32], 24, reward_fn, g)
+
+# %%
+checks = Checks("two PPO iterations on the text model")
+checks.equal("trainable policy parameters (LoRA r = 8 on 6 layers × 4 blocks)", 110_592,
+             sum(p.numel() for p in policy.parameters() if p.requires_grad))
+checks.true("first rollout: log π = log π_ref exactly (KL 0)", torch.equal(first.logprobs, first.ref_logprobs))
+checks.true("first rollout: the value head starts at 0", bool((first.values == 0).all()))
+checks.true("the first minibatch sees ρ = 1", stats["ratio_min"] <= 1.0 <= stats["ratio_max"])
+checks.true("after one update the policy differs from the reference",
+            not torch.equal(second.logprobs, second.ref_logprobs))
+checks
+
+# %% [markdown]
+# **The shipped runs.** `train_ppo` runs 60 such iterations of 32 prompts (1 920 prompts from
+# the training split, 46 080 generated tokens) with $\beta = 0.3$ (artifact `"ppo"`), and the
+# same with $\beta = 0.003$, a hundred times smaller (`"ppo_small_kl"`). Each took a few minutes
+# on one CPU core. At the end each policy is scored by chapter 17's `evaluate_policy` on the
+# 512 test prompts: mean true reward, and KL to the reference of whole responses (the mean of
+# $\sum_t \log\pi/\pi_{\text{ref}}$ over one sampled response per prompt, in nats).
+
+# %%
+runs = {name: load_ppo_policy(name) for name in ("ppo", "ppo_small_kl")}
+print(f"{'run':13s} {'β':>6s} {'reward: first→last 5 its':>25s} {'KL (nats): first→last':>22s}"
+      f" {'test reward':>11s} {'test KL':>14s} {'train s':>8s}")
+for name, (_, run) in runs.items():
+    h, fin = run["history"], run["final"]
+    r0, r1 = np.mean(h["reward_mean"][:5]), np.mean(h["reward_mean"][-5:])
+    k0, k1 = np.mean(h["kl_mean"][:5]), np.mean(h["kl_mean"][-5:])
+    print(f"{name:13s} {run['recipe']['beta']:6g} {r0:13.2f} → {r1:6.2f} {k0:11.2f} → {k1:7.2f}"
+          f" {fin['reward']:11.2f} {fin['kl']:7.2f} ± {fin['kl_stderr']:4.2f} {run['compute']['wall_seconds']:8.0f}")
+print(f"{'base model':13s} {'':6s} {'':25s} {'':22s} {runs['ppo'][1]['final']['base']['reward']:11.2f}")
+
+# %% [markdown]
+# The shipped adapters reproduce the shipped scores: `evaluate_policy`, run again here on the
+# main policy, samples the same responses.
+
+# %%
+ppo_policy, ppo_info = runs["ppo"]
+score = evaluate_policy(ppo_policy, reference, test_prompts, kw)
+checks = Checks("the shipped PPO policy")
+checks.true("test reward, re-evaluated: within 0.05 of the shipped score",
+            abs(score.reward - ppo_info["final"]["reward"]) < 0.05, got=round(score.reward, 2))
+checks.true("test KL (nats per response), re-evaluated: within 0.1",
+            abs(score.kl - ppo_info["final"]["kl"]) < 0.1, got=round(score.kl, 1))
+checks.true("reward rose from 0.33 by more than 3", score.reward > ppo_info["final"]["base"]["reward"] + 3)
+checks.true("at a KL below 15 nats per response", score.kl < 15)
+checks
+
+# %%
+fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+for name, (_, run) in runs.items():
+    h = run["history"]
+    label = f"{name} (β = {run['recipe']['beta']:g})"
+    axes[0].plot(h["reward_mean"], label=label)
+    axes[1].plot(h["kl_mean"], label=label)
+    axes[2].plot(h["entropy"], label=label)
+axes[0].set(xlabel="PPO iteration", ylabel="mean keyword count (of 24 tokens)", title="Reward of the rollouts")
+axes[1].set(xlabel="PPO iteration", ylabel="KL(π ‖ π_ref) per response (nats)", title="KL to the reference",
+            yscale="symlog")
+axes[2].set(xlabel="PPO iteration", ylabel="nats per token", title="Policy entropy")
+axes[0].legend(loc="upper left")
+fig.tight_layout()
+save_figure(fig, "18_rlhf_ppo_training")
+plt.show()
+
+# %% [markdown]
+# With $\beta = 0.3$ the reward climbs from 0.33 to about 4 keywords per response while the
+# KL grows to about 10 nats and the entropy falls only a little, from 2.8 to 2.5 nats per
+# token. With $\beta = 0.003$ the reward passes 18 by iteration 30; the KL (note the
+# logarithmic axis) passes a hundred nats and the entropy collapses towards 0. Every run also reports its compute, for the
+# comparison with DPO in chapter 19 (token passes count the prompt and the response, 32 tokens
+# per row; the critic's passes are counted separately):
+
+# %%
+for key in ("iterations", "prompts_seen", "generated_tokens", "policy_forward_tokens", "policy_backward_tokens",
+            "reference_forward_tokens", "critic_forward_tokens", "critic_backward_tokens"):
+    print(f"{key:26s} {ppo_info['compute'][key]:>9,d}")
+
+# %% [markdown]
+# ## 18.7 Reward hacking
+#
+# The keyword reward has a flaw that a person would spot at once: it counts keywords, not
+# sense. Nothing in the reward prefers " the value of the key" to " object object object". Only the KL
+# term does: a response that the reference model finds unlikely costs
+# $\beta\log\pi/\pi_{\text{ref}}$. Chapter 19 derives the policy that maximises $J$ exactly,
+# $\pi^*(y|x) \propto \pi_{\text{ref}}(y|x)\,e^{r(x, y)/\beta}$: at $\beta = 0.003$ a single
+# extra keyword multiplies a response's probability by $e^{333}$, so the optimum is whatever
+# response is all keywords, however absurd. PPO finds it. Responses from the three models to
+# three test prompts (sampled at temperature 1; "⏎" marks a line break):
+
+# %%
+models = {"reference": reference, "ppo (β = 0.3)": ppo_policy, "ppo_small_kl (β = 0.003)": runs["ppo_small_kl"][0]}
+show = test_prompts[[0, 3, 7]]
+for i, prompt in enumerate(show):
+    print(f"prompt: {tok.decode(prompt.tolist())!r}")
+    for name, model in models.items():
+        y = sample_responses(model, prompt[None], 24, 1.0, torch.Generator().manual_seed(i))[0]
+        print(f"  {name:26s} [{int(torch.isin(y, kw).sum()):2d}] {tok.decode(y.tolist()).replace(chr(10), '⏎')}")
+
+# %% [markdown]
+# Two quality signals that do not use the reward, on the 512 test responses of
+# `evaluate_policy` (recorded at training time): the fraction of distinct tokens in a response
+# (ordinary text repeats few of its 24 tokens), and the mean log-probability per token that
+# the *reference* model gives the response (how much it still reads like docstrings).
+
+# %%
+finals = {"reference": runs["ppo"][1]["final"]["base"], "ppo": runs["ppo"][1]["final"],
+          "ppo_small_kl": runs["ppo_small_kl"][1]["final"]}
+print(f"{'':13s} {'reward':>7s} {'KL (nats)':>10s} {'distinct tokens':>16s} {'log π_ref per token':>20s}")
+for name, fin in finals.items():
+    print(f"{name:13s} {fin['reward']:7.2f} {fin['kl']:10.2f} {fin['distinct_fraction']:16.2f}"
+          f" {fin['ref_logprob_per_token']:20.2f}")
+
+# %%
+base_f, main_f, hack_f = finals.values()
+checks = Checks("reward hacking at β = 0.003")
+checks.true("small-KL reward > 15 of a possible 24", hack_f["reward"] > 15)
+checks.true("its KL > 10 × the main run's", hack_f["kl"] > 10 * main_f["kl"])
+checks.true("distinct tokens: below 0.3 (main run above 0.7)",
+            hack_f["distinct_fraction"] < 0.3 < 0.7 < main_f["distinct_fraction"])
+checks.true("log π_ref per token: > 2 nats below the reference's own (main run within 0.5)",
+            hack_f["ref_logprob_per_token"] < base_f["ref_logprob_per_token"] - 2
+            and abs(main_f["ref_logprob_per_token"] - base_f["ref_logprob_per_token"]) < 0.5)
+checks
+
+# %% [markdown]
+# The small-KL policy earns five times the main policy's reward by writing " object" over and
+# over; the reference model finds its text almost 4 nats per token less likely than its own
+# (about 45 times less likely, token by token). The main policy's responses are nearly as
+# varied as the reference's (0.78 distinct tokens against 0.88) and almost as likely under it;
+# it earns its reward by packing keywords into otherwise docstring-like text. The KL coefficient is the one knob between the two: a larger $\beta$
+# trusts the reward less. With a *learned* reward model (chapter 17) the degenerate text would
+# not even score well under the true reward: that is the over-optimisation Gao et al. (2023)
+# measure, and why RLHF runs watch the KL as closely as the reward.
+#
+# ## Summary
+#
+# * RLHF maximises $\mathbb E[r] - \beta\,\mathrm{KL}(\pi\|\pi_{\text{ref}})$; the sequence KL is
+#   the expected sum of per-token log-ratios, so the objective is a return with per-token
+#   rewards $-\beta\log(\pi/\pi_{\text{ref}})$ and the score at the end.
+# * The score-function identity $\nabla\mathbb E_\pi[f] = \mathbb E_\pi[f\nabla\log\pi]$ gives an
+#   unbiased gradient from samples; its error falls like $1/\sqrt N$ and a baseline lowers it
+#   without bias.
+# * $k_1$ and $k_3$ estimate the KL without bias, $k_2$ with bias; $k_3 \ge 0$ and has much less
+#   variance than $k_1$.
+# * GAE's advantage is a $\gamma\lambda$-discounted sum of TD errors; $\lambda = 0$ is the TD error
+#   and $\lambda = 1$ telescopes to the Monte Carlo advantage.
+# * PPO's clipped surrogate has zero gradient exactly where the ratio has moved beyond
+#   $1\pm\epsilon$ in the direction the advantage favours.
+# * On the book's model, PPO with LoRA raises the keyword reward from 0.33 to about 4.4 at a KL
+#   of about 10 nats; with $\beta$ a hundred times smaller it hacks the reward, writing
+#   " object object ..." at a KL over a hundred nats.
+#
+# ## Exercises
+#
+# Reference solutions are in `notebooks/solutions/18_rlhf_ppo.py` and are checked by
+# `tests/test_solutions_18.py`.
+#
+# 1. (★) **The best constant baseline.** For the 5-action policy of 18.2, write the total
+#    variance $\sigma_b^2$ of the single-sample estimator as a function of $b$ and show that it is
+#    a quadratic minimised at $b^* = \mathbb E[f\,\|e_a-\pi\|^2]/\mathbb E[\|e_a-\pi\|^2]$, not at
+#    $J = \mathbb E[f]$. How much lower is $\sigma_{b^*}^2$ than $\sigma_J^2$ here?
+# 2. (★★) **KL estimators near the reference.** Take $p = (\tfrac13, \tfrac23)$ and
+#    $q = (\tfrac13 + \delta, \tfrac23 - \delta)$. With SymPy, expand in $\delta$ the KL, the bias
+#    of $k_2$ and the variances of $k_1$, $k_2$, $k_3$. Show that
+#    $\mathrm{Var}[k_1] \approx 2\,\mathrm{KL}$ while $\mathrm{Var}[k_3] \approx \mathrm{KL}^2/2$,
+#    and that $k_2$'s bias is of order $\delta^3$.
+# 3. (★★) **GAE as an average of n-step advantages.** The $n$-step advantage is
+#    $\hat A^{(n)}_t = \sum_{l<n}\gamma^l r_{t+l} + \gamma^n V_{t+n} - V_t$. Show (SymPy, $T = 5$)
+#    that GAE is their exponentially weighted average,
+#    $\hat A_t = (1-\lambda)\sum_{n=1}^{T-t-1}\lambda^{n-1}\hat A^{(n)}_t + \lambda^{T-t-1}\hat A^{(T-t)}_t$
+#    (the last weight collects the tail, where the episode has ended), and check it against
+#    `losses.gae` on random numbers.
+# 4. (★★★) **PPO finds the KL-regularised optimum.** On a one-step problem (a "bandit") with
+#    $K = 6$ actions, reference logits $\theta_{\text{ref}}$ and rewards $r_k$, run PPO with the
+#    reward $r_a - \beta\log(\pi(a)/\pi_{\text{ref}}(a))$ and a mean baseline, using
+#    `ppo_policy_loss` on the sampled actions. Show that the policy converges to
+#    $\pi^* = \mathrm{softmax}(\theta_{\text{ref}} + r/\beta)$ (chapter 19 derives it) for
+#    $\beta = 0.5$ and $\beta = 2$, to within a total-variation distance of $10^{-4}$ with a
+#    decaying learning rate. Why does the sampled estimate not keep jittering around $\pi^*$?
+#    (Look at the shaped reward of each action at $\pi^*$.)
