@@ -88,10 +88,15 @@ show_source(DecoderBlock.forward)
 # table $P$ (GPT-2) is added once at the bottom; RoPE (Llama) instead rotates the queries and
 # keys inside every attention layer, so the model looks the rotation up once and hands it to
 # each block. The final norm is needed because, in a pre-norm stack, nothing else normalises
-# the stream before the output layer.
+# the stream before the output layer. In code, `forward` applies the output layer to what
+# `hidden_states` computes, the normalised stream $\operatorname{Norm}(x_L)$ (a reward model
+# in chapter 17 puts another head on the same states):
 
 # %%
 show_source(TransformerLM.forward)
+
+# %%
+show_source(TransformerLM.hidden_states)
 
 # %% [markdown]
 # `TransformerLM` checks its input at the door: the ids must be integers in $[0, V)$ and the
