@@ -7,11 +7,12 @@ message names the argument and the value it got.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
-__all__ = ["check_floating_tensor", "check_positive_int"]
+__all__ = ["check_floating_tensor", "check_positive_int", "check_positive_number", "check_token_ids"]
 
 
 def check_positive_int(name: str, value: object) -> int:
@@ -25,6 +26,34 @@ def check_positive_int(name: str, value: object) -> int:
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {name}={value}")
     return int(value)
+
+
+def check_positive_number(name: str, value: object) -> float:
+    """Return ``value`` as a ``float`` if it is a positive finite real number (not a bool).
+
+    >>> check_positive_number("beta", 0.1)
+    0.1
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {name}={value}")
+    return float(value)
+
+
+def check_token_ids(x: object, name: str, ndim: int | None = None) -> Any:
+    """Return ``x`` if it is an integer ``torch.Tensor`` (token ids) with ``ndim`` dimensions
+    (any number if None), else raise a ``TypeError`` (not an integer tensor) or a
+    ``ValueError`` (wrong number of dimensions) naming ``name``."""
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be an integer torch.Tensor of token ids, got {type(x).__name__}")
+    if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor of token ids, got dtype {x.dtype}")
+    if ndim is not None and x.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-d (have {ndim} dimensions), got shape {tuple(x.shape)}")
+    return x
 
 
 def check_floating_tensor(x: object, name: str) -> Any:

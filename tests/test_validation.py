@@ -4,7 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from llmbook.validation import check_floating_tensor, check_positive_int
+from llmbook.validation import (
+    check_floating_tensor,
+    check_positive_int,
+    check_positive_number,
+    check_token_ids,
+)
 
 
 def test_check_positive_int_accepts_ints_and_numpy_ints():
@@ -32,3 +37,29 @@ def test_check_floating_tensor():
         check_floating_tensor([1.0], "logits")
     with pytest.raises(TypeError, match="logits must be a floating-point tensor, got dtype torch.int64"):
         check_floating_tensor(torch.zeros(2, dtype=torch.long), "logits")
+
+
+def test_check_positive_number():
+    assert check_positive_number("beta", 0.1) == 0.1
+    assert check_positive_number("beta", 3) == 3.0 and type(check_positive_number("beta", 3)) is float
+    assert check_positive_number("beta", np.float32(0.5)) == 0.5
+    for bad in (0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="beta must be a positive finite number, got beta="):
+            check_positive_number("beta", bad)
+    for bad in (True, "0.1", None, torch.tensor(0.1)):
+        with pytest.raises(TypeError, match="beta must be a number"):
+            check_positive_number("beta", bad)
+
+
+def test_check_token_ids():
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    assert check_token_ids(ids, "ids") is ids
+    assert check_token_ids(ids.int(), "ids", ndim=2) is not None
+    assert check_token_ids(ids.to(torch.int16)[0], "ids", ndim=1).shape == (3,)
+    with pytest.raises(ValueError, match="ids must be 1-d \\(have 1 dimensions\\), got shape \\(2, 3\\)"):
+        check_token_ids(ids, "ids", ndim=1)
+    for bad in (ids.float(), ids.bool(), ids.to(torch.complex64)):
+        with pytest.raises(TypeError, match="ids must be an integer tensor of token ids, got dtype"):
+            check_token_ids(bad, "ids")
+    with pytest.raises(TypeError, match="ids must be an integer torch.Tensor of token ids, got list"):
+        check_token_ids([[0, 1]], "ids")

@@ -40,18 +40,18 @@ This module holds:
 from __future__ import annotations
 
 import copy
-import math
 import time
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from llmbook.alignment.logprobs import response_logprobs
+from llmbook.alignment.logprobs import _check_prompt_response, response_logprobs
 from llmbook.alignment.losses import DPO_LOSS_TYPES, dpo_loss
+from llmbook.alignment.reward_model import pearson_correlation, spearman_correlation
 from llmbook.alignment.shipped import load_artifact, register
 from llmbook.validation import check_floating_tensor as _check_floating
-from llmbook.validation import check_positive_int
+from llmbook.validation import check_positive_int, check_positive_number, check_token_ids
 
 __all__ = [
     "DPO_RECIPE",
@@ -88,30 +88,9 @@ DPO_RECIPE: dict[str, Any] = {
 # ---------------------------------------------------------------- validation
 
 
-def _positive_number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive finite number, got {name}={value}")
-    return float(value)
-
-
-def _check_ids(x: object, name: str, ndim: int = 2) -> Tensor:
-    if not isinstance(x, Tensor) or x.dtype not in (torch.int64, torch.int32):
-        got = x.dtype if isinstance(x, Tensor) else type(x).__name__
-        raise TypeError(f"{name} must be an integer tensor of token ids, got {got}")
-    if x.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-d, got shape {tuple(x.shape)}")
-    return x
-
-
 def _check_prompts_responses(prompts: object, responses: object,
                              responses_name: str = "responses") -> tuple[Tensor, Tensor]:
-    prompts = _check_ids(prompts, "prompts")
-    responses = _check_ids(responses, responses_name)
-    if prompts.shape[0] != responses.shape[0]:
-        raise ValueError(f"prompts has {prompts.shape[0]} rows but {responses_name} has "
-                         f"{responses.shape[0]}")
+    _check_prompt_response(prompts, responses, "prompts", responses_name)
     if prompts.shape[0] == 0:
         raise ValueError("the batch is empty (0 prompts)")
     return prompts, responses
@@ -141,7 +120,7 @@ def optimal_policy(ref_probs: Tensor, rewards: Tensor, beta: float) -> Tensor:
     if tuple(rewards.shape) != tuple(ref_probs.shape):
         raise ValueError(f"rewards must have the shape of ref_probs, {tuple(ref_probs.shape)}, "
                          f"got {tuple(rewards.shape)}")
-    beta = _positive_number("beta", beta)
+    beta = check_positive_number("beta", beta)
     return torch.softmax(torch.log(ref_probs) + rewards / beta, dim=-1)
 
 
@@ -168,7 +147,7 @@ def kl_regularized_objective(policy_probs: Tensor, ref_probs: Tensor, rewards: T
         if tuple(t.shape) != tuple(policy_probs.shape):
             raise ValueError(f"{name} must have the shape of policy_probs, "
                              f"{tuple(policy_probs.shape)}, got {tuple(t.shape)}")
-    beta = _positive_number("beta", beta)
+    beta = check_positive_number("beta", beta)
     safe = torch.where(policy_probs > 0, policy_probs, torch.ones_like(policy_probs))
     kl_terms = torch.where(policy_probs > 0, policy_probs * (torch.log(safe) - torch.log(ref_probs)),
                            torch.zeros_like(policy_probs))
@@ -202,8 +181,8 @@ def expected_dpo_loss(policy_probs: Tensor, ref_probs: Tensor, rewards: Tensor, 
         if tuple(t.shape) != tuple(policy_probs.shape):
             raise ValueError(f"{name} must have the shape of policy_probs, "
                              f"{tuple(policy_probs.shape)}, got {tuple(t.shape)}")
-    beta = _positive_number("beta", beta)
-    bt_scale = _positive_number("bt_scale", bt_scale)
+    beta = check_positive_number("beta", beta)
+    bt_scale = check_positive_number("bt_scale", bt_scale)
     r_hat = beta * (torch.log(policy_probs) - torch.log(ref_probs))  # (K,)
     prefer = torch.sigmoid(bt_scale * (rewards[:, None] - rewards[None, :]))  # (K, K): P(i > j)
     weight = ref_probs[:, None] * ref_probs[None, :]  # (K, K)
@@ -249,7 +228,7 @@ def reference_logprobs(reference: nn.Module, prompts: Tensor, chosen: Tensor, re
 
 
 def _check_pair_shapes(chosen: Tensor, rejected: object) -> None:
-    _check_ids(rejected, "rejected")
+    check_token_ids(rejected, "rejected", ndim=2)
     if tuple(rejected.shape) != tuple(chosen.shape):
         raise ValueError(f"rejected must have the shape of chosen, {tuple(chosen.shape)}, got "
                          f"{tuple(rejected.shape)}")
@@ -297,7 +276,7 @@ def dpo_batch_loss(policy: nn.Module, prompts: Tensor, chosen: Tensor, rejected:
         _check_floating(t, name)
         if tuple(t.shape) != (n,):
             raise ValueError(f"{name} must have shape (N,) = ({n},), got {tuple(t.shape)}")
-    beta = _positive_number("beta", beta)
+    beta = check_positive_number("beta", beta)
     if loss_type not in DPO_LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {DPO_LOSS_TYPES}, got {loss_type!r}")
     both = sequence_logprobs(policy, torch.cat([prompts, prompts]), torch.cat([chosen, rejected]))
@@ -329,7 +308,7 @@ def dpo_step(policy: nn.Module, optimizer: torch.optim.Optimizer, prompts: Tenso
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad)
                                                      for p in params if p.grad is not None]))
     else:
-        norm = torch.nn.utils.clip_grad_norm_(params, _positive_number("grad_clip", grad_clip))
+        norm = torch.nn.utils.clip_grad_norm_(params, check_positive_number("grad_clip", grad_clip))
     optimizer.step()
     return {"loss": float(out.loss.detach()), "accuracy": out.accuracy,
             "chosen_reward": float(out.chosen_rewards.mean()),
@@ -355,7 +334,7 @@ def dpo_logprob_gradients(policy_chosen_logps: Tensor, policy_rejected_logps: Te
 
     _check_pairs(policy_chosen_logps=policy_chosen_logps, policy_rejected_logps=policy_rejected_logps,
                  ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
-    beta = _positive_number("beta", beta)
+    beta = check_positive_number("beta", beta)
     r_w = beta * (policy_chosen_logps - ref_chosen_logps)
     r_l = beta * (policy_rejected_logps - ref_rejected_logps)
     weight = torch.sigmoid(r_l - r_w) * beta / max(r_w.numel(), 1)
@@ -374,28 +353,18 @@ def implicit_reward(policy: nn.Module, reference: nn.Module, prompts: Tensor, re
     towards up to beta log Z(x), a term that depends on the prompt alone.
     """
     prompts, responses = _check_prompts_responses(prompts, responses)
-    beta = _positive_number("beta", beta)
+    beta = check_positive_number("beta", beta)
     return beta * (sequence_logprobs(policy, prompts, responses, batch_size)
                    - sequence_logprobs(reference, prompts, responses, batch_size))
-
-
-def _average_ranks(x: Tensor) -> Tensor:
-    """Ranks 1..N of x, tied values sharing the average of their ranks: (N,) -> (N,) float64."""
-    x = x.double()
-    order = torch.argsort(x, stable=True)
-    ranks = torch.empty_like(x)
-    ranks[order] = torch.arange(1, x.numel() + 1, dtype=torch.float64)
-    values, inverse = torch.unique(x, return_inverse=True)
-    total = torch.zeros(values.numel(), dtype=torch.float64).index_add_(0, inverse, ranks)
-    count = torch.zeros(values.numel(), dtype=torch.float64).index_add_(0, inverse, torch.ones_like(x))
-    return (total / count)[inverse]
 
 
 def reward_correlation(predicted: Tensor, true: Tensor) -> tuple[float, float]:
     """Pearson and Spearman correlation of two (N,) reward vectors: (pearson, spearman).
 
-    Spearman's is Pearson's of the ranks, tied values getting their average rank (as
-    ``scipy.stats.spearmanr`` and pandas' ``DataFrame.corr`` do); in float64. Needs N >= 2 and neither vector constant.
+    Chapter 17's :func:`~llmbook.alignment.reward_model.pearson_correlation` and
+    :func:`~llmbook.alignment.reward_model.spearman_correlation` (tied values get their average
+    rank, as ``scipy.stats.spearmanr`` and pandas' ``DataFrame.corr`` do; float64), as
+    floats. Needs N >= 2 and neither vector constant.
     """
     for name, t in (("predicted", predicted), ("true", true)):
         if not isinstance(t, Tensor):
@@ -407,15 +376,8 @@ def reward_correlation(predicted: Tensor, true: Tensor) -> tuple[float, float]:
                          f"and {tuple(true.shape)}")
     if predicted.numel() < 2:
         raise ValueError(f"a correlation needs at least 2 values, got {predicted.numel()}")
-
-    def pearson(a: Tensor, b: Tensor) -> float:
-        a, b = a.double() - a.double().mean(), b.double() - b.double().mean()
-        denom = torch.sqrt((a * a).sum() * (b * b).sum())
-        if float(denom) == 0:
-            raise ValueError("a correlation is undefined when one of the vectors is constant")
-        return float((a * b).sum() / denom)
-
-    return pearson(predicted, true), pearson(_average_ranks(predicted), _average_ranks(true))
+    return (float(pearson_correlation(predicted, true)),
+            float(spearman_correlation(predicted, true)))
 
 
 # ---------------------------------------------------------------- the shipped run

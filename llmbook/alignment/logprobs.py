@@ -14,6 +14,8 @@ that every RLHF code base gets wrong at least once.
 This module holds:
 
 * :func:`token_logprobs`: log softmax(z)[y] at every position, (B, T, V), (B, T) -> (B, T);
+* :func:`response_outputs`: a model's outputs at the positions that predict the response
+  tokens (the shift by one, once, for logits and for a critic's values alike);
 * :func:`response_logprobs`: the per-token log-probabilities of a response given a prompt,
   computed by running a causal LM on the concatenation and shifting by one;
 * :func:`token_entropy`: the entropy -sum_v p_v log p_v of the next-token distribution;
@@ -38,7 +40,7 @@ from torch import Tensor
 
 from llmbook.text.functional import log_softmax
 from llmbook.validation import check_floating_tensor as _check_floating
-from llmbook.validation import check_positive_int
+from llmbook.validation import check_positive_int, check_token_ids
 
 __all__ = [
     "masked_mean",
@@ -46,22 +48,35 @@ __all__ = [
     "masked_sum",
     "response_logprobs",
     "response_mask",
+    "response_outputs",
     "token_entropy",
     "token_logprobs",
 ]
 
-_INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
-
-
 # ---------------------------------------------------------------- validation
 
 
-def _check_ids(x: object, name: str) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(x).__name__}")
-    if x.dtype not in _INTEGER_DTYPES:
-        raise TypeError(f"{name} must be an integer tensor (token ids), got dtype {x.dtype}")
-    return x
+def _check_prompt_response(prompt_ids: object, response_ids: object, prompt_name: str = "prompt_ids",
+                           response_name: str = "response_ids", min_prompt: int = 1) -> tuple[int, int, int]:
+    """Check prompts (B, P) and responses (B, R) of token ids; return (B, P, R).
+
+    Needs P >= ``min_prompt`` (1 for a language model: the first response token is predicted
+    at the last prompt token) and R >= 1. Shared by every function of Part V that takes a
+    batch of prompts and responses.
+    """
+    check_token_ids(prompt_ids, prompt_name)
+    check_token_ids(response_ids, response_name)
+    if prompt_ids.ndim != 2 or response_ids.ndim != 2:
+        raise ValueError(f"{prompt_name} and {response_name} must be 2-d (2 dimensions: (B, P) and "
+                         f"(B, R)), got shapes {tuple(prompt_ids.shape)} and {tuple(response_ids.shape)}")
+    (B, P), (B2, R) = prompt_ids.shape, response_ids.shape
+    if B2 != B:
+        raise ValueError(f"{prompt_name} has batch size {B}: {B} rows but {response_name} has {B2}")
+    if P < min_prompt or R < 1:
+        raise ValueError(f"{prompt_name} and {response_name} need P >= {min_prompt} and R >= 1 tokens "
+                         f"per row (the first response token is predicted at the last prompt "
+                         f"token), got P={P}, R={R}")
+    return B, P, R
 
 
 def _check_mask(mask: object, like: Tensor, name: str = "mask",
@@ -102,7 +117,7 @@ def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
     differentiable in ``logits``.
     """
     _check_floating(logits, "logits")
-    _check_ids(targets, "targets")
+    check_token_ids(targets, "targets")
     if logits.ndim == 0 or tuple(targets.shape) != tuple(logits.shape[:-1]):
         raise ValueError(f"logits of shape {tuple(logits.shape)} need targets of shape "
                          f"{tuple(logits.shape[:-1])}, got targets of shape {tuple(targets.shape)}")
@@ -125,6 +140,36 @@ def _logits_of(output: object) -> Tensor:
                     f"`.logits` tensor, got {type(output).__name__}")
 
 
+def response_outputs(model: Callable[[Tensor], object], prompt_ids: Tensor,
+                     response_ids: Tensor) -> Tensor:
+    """A model's outputs at the positions that predict the response: (B, P), (B, R) -> (B, R, ...).
+
+    ``model`` is called once on the concatenation [x; y] (B, P + R) and returns one output
+    per position, (B, P + R, ...): next-token logits (B, T, V), or an object with a
+    ``.logits`` attribute as Hugging Face models return, or a critic's values (B, T). The
+    output at position P - 1 + t has seen x and y_<t, the state in which y_t is chosen, so
+
+        out[:, t] = model([x; y])[:, P - 1 + t],   t = 0, ..., R - 1.
+
+    Every row has the same P and R. The prompt must hold at least one token, and if
+    ``model.config.max_seq_len`` exists then P + R must not exceed it.
+    """
+    if not callable(model):
+        raise TypeError(f"model must be callable on token ids, got {type(model).__name__}")
+    B, P, R = _check_prompt_response(prompt_ids, response_ids)
+    config = getattr(model, "config", None)
+    max_len = getattr(config, "max_seq_len", None)
+    if isinstance(max_len, int) and P + R > max_len:
+        raise ValueError(f"prompt plus response has length P + R = {P} + {R} = {P + R}, which "
+                         f"exceeds the model's context max_seq_len={max_len}")
+    ids = torch.cat([prompt_ids, response_ids.to(prompt_ids.dtype)], dim=1)  # (B, P + R)
+    out = _logits_of(model(ids))  # (B, P + R, ...)
+    if out.ndim < 2 or tuple(out.shape[:2]) != (B, P + R):
+        raise ValueError(f"model must return one output per position, (B, T, ...) = ({B}, {P + R}, "
+                         f"...), e.g. logits (B, T, V); got {tuple(out.shape)}")
+    return out[:, P - 1:P + R - 1]  # (B, R, ...)
+
+
 def response_logprobs(model: Callable[[Tensor], object], prompt_ids: Tensor,
                       response_ids: Tensor) -> Tensor:
     """Per-token log pi(y_t | x, y_<t) of a response given a prompt: (B, P), (B, R) -> (B, R).
@@ -132,7 +177,7 @@ def response_logprobs(model: Callable[[Tensor], object], prompt_ids: Tensor,
     ``model`` is a causal language model called on token ids (B, T) and returning the
     next-token logits (B, T, V) (or an object with a ``.logits`` attribute, as Hugging Face
     models return). It is run once on the concatenation [x; y] of length P + R; the logits
-    at position P - 1 + t score the response token y_t, so
+    at position P - 1 + t score the response token y_t (:func:`response_outputs`), so
 
         out[b, t] = log softmax(logits[b, P - 1 + t])[y_t],   t = 0, ..., R - 1.
 
@@ -142,34 +187,11 @@ def response_logprobs(model: Callable[[Tensor], object], prompt_ids: Tensor,
     prompt must hold at least one token, and if ``model.config.max_seq_len`` exists then
     P + R must not exceed it.
     """
-    if not callable(model):
-        raise TypeError(f"model must be callable on token ids, got {type(model).__name__}")
-    _check_ids(prompt_ids, "prompt_ids")
-    _check_ids(response_ids, "response_ids")
-    if prompt_ids.ndim != 2 or response_ids.ndim != 2:
-        raise ValueError(f"prompt_ids and response_ids must be (B, P) and (B, R), got shapes "
-                         f"{tuple(prompt_ids.shape)} and {tuple(response_ids.shape)}")
-    B, P = prompt_ids.shape
-    if response_ids.shape[0] != B:
-        raise ValueError(f"prompt_ids has batch size {B} but response_ids has "
-                         f"{response_ids.shape[0]}")
-    R = response_ids.shape[1]
-    if P < 1:
-        raise ValueError("prompt_ids must hold at least one token per row (P >= 1): the first "
-                         "response token is predicted by the logits of the last prompt token")
-    if R < 1:
-        raise ValueError("response_ids must hold at least one token per row (R >= 1)")
-    config = getattr(model, "config", None)
-    max_len = getattr(config, "max_seq_len", None)
-    if isinstance(max_len, int) and P + R > max_len:
-        raise ValueError(f"prompt plus response has length P + R = {P} + {R} = {P + R}, which "
-                         f"exceeds the model's max_seq_len={max_len}")
-    ids = torch.cat([prompt_ids, response_ids.to(prompt_ids.dtype)], dim=1)  # (B, P + R)
-    logits = _logits_of(model(ids))  # (B, P + R, V)
-    if logits.ndim != 3 or tuple(logits.shape[:2]) != (B, P + R):
-        raise ValueError(f"model must return logits of shape (B, T, V) = ({B}, {P + R}, V), "
-                         f"got {tuple(logits.shape)}")
-    return token_logprobs(logits[:, P - 1:P + R - 1], response_ids)  # (B, R)
+    logits = response_outputs(model, prompt_ids, response_ids)  # (B, R, V)
+    if logits.ndim != 3:
+        raise ValueError(f"model must return logits of shape (B, T, V), got outputs of shape "
+                         f"{tuple(logits.shape[:1])} + (T,) + {tuple(logits.shape[2:])}")
+    return token_logprobs(logits, response_ids)  # (B, R)
 
 
 def token_entropy(logits: Tensor) -> Tensor:
@@ -242,13 +264,13 @@ def response_mask(prompt_lengths: Tensor, total_length: int,
     ``total_length``. Requires 0 <= prompt_lengths <= sequence_lengths <= total_length.
     """
     total_length = check_positive_int("total_length", total_length)
-    _check_ids(prompt_lengths, "prompt_lengths")
+    check_token_ids(prompt_lengths, "prompt_lengths")
     if prompt_lengths.ndim != 1:
         raise ValueError(f"prompt_lengths must be 1-d (B,), got shape {tuple(prompt_lengths.shape)}")
     if sequence_lengths is None:
         end = torch.full_like(prompt_lengths, total_length)
     else:
-        _check_ids(sequence_lengths, "sequence_lengths")
+        check_token_ids(sequence_lengths, "sequence_lengths")
         if tuple(sequence_lengths.shape) != tuple(prompt_lengths.shape):
             raise ValueError(f"sequence_lengths must have the shape of prompt_lengths, "
                              f"{tuple(prompt_lengths.shape)}, got {tuple(sequence_lengths.shape)}")

@@ -47,7 +47,7 @@ from torch import Tensor
 
 from llmbook.alignment.logprobs import _check_mask, masked_mean, masked_sum
 from llmbook.validation import check_floating_tensor as _check_floating
-from llmbook.validation import check_positive_int
+from llmbook.validation import check_positive_int, check_positive_number
 
 __all__ = [
     "GRPOLossOutput",
@@ -98,13 +98,6 @@ def _number(name: str, value: object) -> float:
     return float(value)
 
 
-def _positive(name: str, value: object) -> float:
-    v = _number(name, value)
-    if v <= 0:
-        raise ValueError(f"{name} must be positive, got {name}={value}")
-    return v
-
-
 def _unit_interval(name: str, value: object) -> float:
     v = _number(name, value)
     if not 0 <= v <= 1:
@@ -113,11 +106,11 @@ def _unit_interval(name: str, value: object) -> float:
 
 
 def _clip_range(clip_eps: object, clip_eps_high: object) -> tuple[float, float]:
-    low = _positive("clip_eps", clip_eps)
+    low = check_positive_number("clip_eps", clip_eps)
     if low >= 1:
         raise ValueError(f"clip_eps must lie in (0, 1) so that 1 - clip_eps > 0, got "
                          f"clip_eps={clip_eps}")
-    high = low if clip_eps_high is None else _positive("clip_eps_high", clip_eps_high)
+    high = low if clip_eps_high is None else check_positive_number("clip_eps_high", clip_eps_high)
     return low, high
 
 
@@ -210,7 +203,7 @@ def dpo_loss(policy_chosen_logps: Tensor, policy_rejected_logps: Tensor,
     _check_pairs(policy_chosen_logps=policy_chosen_logps,
                  policy_rejected_logps=policy_rejected_logps,
                  ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
-    beta = _positive("beta", beta)
+    beta = check_positive_number("beta", beta)
     if loss_type not in DPO_LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {DPO_LOSS_TYPES}, got {loss_type!r}")
     eps = _number("label_smoothing", label_smoothing)
@@ -387,7 +380,7 @@ def ppo_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Te
     unclipped = (values - target) ** 2
     if clip_eps is None:
         return 0.5 * masked_mean(unclipped, mask), masked_mean(torch.zeros_like(unclipped), mask)
-    eps = _positive("clip_eps", clip_eps)
+    eps = check_positive_number("clip_eps", clip_eps)
     v_clip = old + torch.clamp(values - old, -eps, eps)
     clipped = (v_clip - target) ** 2
     loss = 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask)

@@ -41,7 +41,13 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from llmbook.alignment.logprobs import _check_mask, masked_mean, token_entropy, token_logprobs
+from llmbook.alignment.logprobs import (
+    _check_mask,
+    masked_mean,
+    response_outputs,
+    token_entropy,
+    token_logprobs,
+)
 from llmbook.alignment.lora import apply_lora, lora_state_dict
 from llmbook.alignment.losses import gae, kl_estimators, ppo_policy_loss, ppo_value_loss
 from llmbook.alignment.preferences import (
@@ -56,7 +62,7 @@ from llmbook.alignment.preferences import (
 from llmbook.alignment.shipped import load_artifact, register
 from llmbook.transformer.model import TransformerLM
 from llmbook.validation import check_floating_tensor as _check_floating
-from llmbook.validation import check_positive_int
+from llmbook.validation import check_positive_int, check_positive_number, check_token_ids
 
 __all__ = [
     "PPO_RECIPE",
@@ -91,35 +97,6 @@ PPO_SMALL_KL_RECIPE: dict[str, Any] = {**PPO_RECIPE, "beta": 0.003}
 # ---------------------------------------------------------------- validation
 
 
-def _check_ids(x: object, name: str, ndim: int = 2) -> Tensor:
-    if not isinstance(x, Tensor) or x.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{name} must be an integer torch.Tensor of token ids, got "
-                        f"{getattr(x, 'dtype', type(x).__name__)}")
-    if x.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
-    return x
-
-
-def _check_beta(beta: object) -> float:
-    if isinstance(beta, bool) or not isinstance(beta, int | float):
-        raise TypeError(f"beta must be a number, got {beta!r} ({type(beta).__name__})")
-    if not (math.isfinite(beta) and beta > 0):
-        raise ValueError(f"beta (the KL coefficient) must be a positive finite number, got beta={beta}")
-    return float(beta)
-
-
-def _check_prompt_response(model: nn.Module, prompt_ids: Tensor, response_ids: Tensor) -> tuple[int, int]:
-    _check_ids(prompt_ids, "prompt_ids")
-    _check_ids(response_ids, "response_ids")
-    (B, P), (B2, R) = prompt_ids.shape, response_ids.shape
-    if B != B2:
-        raise ValueError(f"prompt_ids has batch size {B} but response_ids has {B2}")
-    if P < 1 or R < 1:
-        raise ValueError(f"need at least one prompt and one response token, got P={P}, R={R}")
-    _check_fits(model, P, R)
-    return P, R
-
-
 def _check_fits(model: nn.Module, P: int, R: int) -> None:
     max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
     if isinstance(max_len, int) and P + R > max_len:
@@ -142,7 +119,7 @@ def kl_shaped_rewards(scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor, be
     ``mask`` (B, R) of response tokens (right padding), padding gets reward 0 and the score
     goes to the last unmasked token of each row. Returns (B, R), detached.
     """
-    beta = _check_beta(beta)
+    beta = check_positive_number("beta", beta)
     _check_floating(scores, "scores")
     _check_floating(logprobs, "logprobs")
     _check_floating(ref_logprobs, "ref_logprobs")
@@ -233,9 +210,7 @@ def response_logits(model: nn.Module, prompt_ids: Tensor, response_ids: Tensor) 
     P - 1, ..., P + R - 2 are returned: those at P - 1 + t predict y_t. Prompt plus response
     longer than the model's context is a ``ValueError``.
     """
-    P, R = _check_prompt_response(model, prompt_ids, response_ids)
-    ids = torch.cat([prompt_ids, response_ids.to(prompt_ids.dtype)], dim=1)  # (B, P + R)
-    return model(ids)[:, P - 1:P + R - 1]  # (B, R, V)
+    return response_outputs(model, prompt_ids, response_ids)  # (B, R, V)
 
 
 def response_values(critic: nn.Module, prompt_ids: Tensor, response_ids: Tensor) -> Tensor:
@@ -244,9 +219,7 @@ def response_values(critic: nn.Module, prompt_ids: Tensor, response_ids: Tensor)
     The critic's output at position P - 1 + t sees x and y_<t, exactly the state in which
     the policy drew y_t (the same shift by one as :func:`response_logits`).
     """
-    P, R = _check_prompt_response(critic, prompt_ids, response_ids)
-    ids = torch.cat([prompt_ids, response_ids.to(prompt_ids.dtype)], dim=1)
-    return critic(ids)[:, P - 1:P + R - 1]  # (B, R)
+    return response_outputs(critic, prompt_ids, response_ids)  # (B, R)
 
 
 def distinct_token_fraction(response_ids: Tensor) -> Tensor:
@@ -255,7 +228,7 @@ def distinct_token_fraction(response_ids: Tensor) -> Tensor:
     A quality signal that needs no model: ordinary text repeats few tokens in 24, a
     degenerate policy repeats one token over and over (1/R).
     """
-    _check_ids(response_ids, "response_ids")
+    check_token_ids(response_ids, "response_ids", ndim=2)
     R = response_ids.shape[1]
     if R < 1:
         raise ValueError("response_ids must hold at least one token per row")
@@ -294,7 +267,7 @@ def rollout(policy: TransformerLM, reference: nn.Module, critic: nn.Module, prom
     policy, the reference and the critic once each on prompt + response, without
     gradients. ``generator`` seeds the sampling.
     """
-    _check_ids(prompts, "prompts")
+    check_token_ids(prompts, "prompts", ndim=2)
     R = check_positive_int("response_tokens", response_tokens)
     _check_fits(policy, prompts.shape[1], R)
     if not callable(reward_fn):
@@ -344,7 +317,7 @@ def ppo_update(policy: nn.Module, critic: nn.Module, batch: Rollout, policy_opti
     """
     if not isinstance(batch, Rollout):
         raise TypeError(f"batch must be a Rollout (from rollout()), got {type(batch).__name__}")
-    beta = _check_beta(beta)
+    beta = check_positive_number("beta", beta)
     if clip_eps is not None and (isinstance(clip_eps, bool) or not isinstance(clip_eps, int | float)
                                  or not 0 < clip_eps < 1):
         raise ValueError(f"clip_eps must be a number in (0, 1) or None, got clip_eps={clip_eps!r}")

@@ -34,13 +34,13 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from llmbook.alignment.logprobs import _check_ids
+from llmbook.alignment.logprobs import _check_prompt_response
 from llmbook.alignment.losses import bradley_terry_loss
 from llmbook.alignment.preferences import PREFERENCE_RECIPE, PreferenceData, preference_data
 from llmbook.alignment.shipped import load_artifact, register
 from llmbook.transformer.model import TransformerLM
 from llmbook.validation import check_floating_tensor as _check_floating
-from llmbook.validation import check_positive_int
+from llmbook.validation import check_positive_int, check_token_ids
 
 __all__ = [
     "REWARD_MODEL_RECIPE",
@@ -117,16 +117,7 @@ class RewardModel(nn.Module):
 
     def forward(self, prompt_ids: Tensor, response_ids: Tensor) -> Tensor:
         """Rewards r(x, y) of responses (B, R) to prompts (B, P): (B,)."""
-        _check_ids(prompt_ids, "prompt_ids")
-        _check_ids(response_ids, "response_ids")
-        if prompt_ids.ndim != 2 or response_ids.ndim != 2:
-            raise ValueError(f"prompt_ids and response_ids must be (B, P) and (B, R), got shapes "
-                             f"{tuple(prompt_ids.shape)} and {tuple(response_ids.shape)}")
-        if prompt_ids.shape[0] != response_ids.shape[0]:
-            raise ValueError(f"prompt_ids has {prompt_ids.shape[0]} rows but response_ids has "
-                             f"{response_ids.shape[0]}")
-        if response_ids.shape[1] < 1:
-            raise ValueError("response_ids must hold at least one token per row (R >= 1)")
+        _check_prompt_response(prompt_ids, response_ids, min_prompt=0)
         ids = torch.cat([prompt_ids.long(), response_ids.long()], dim=1)  # (B, P + R)
         h = self.backbone.hidden_states(ids)  # (B, P + R, d), P + R <= max_seq_len checked there
         return self.head(h[:, -1]).squeeze(-1)  # (B,)
@@ -144,7 +135,7 @@ class RewardModelLoss(NamedTuple):
 
 def _check_pairs(prompts: Tensor, chosen: Tensor, rejected: Tensor) -> None:
     for name, t in (("prompts", prompts), ("chosen", chosen), ("rejected", rejected)):
-        _check_ids(t, name)
+        check_token_ids(t, name)
         if t.ndim != 2:
             raise ValueError(f"{name} must be 2-d, got shape {tuple(t.shape)}")
     if chosen.shape != rejected.shape or chosen.shape[0] != prompts.shape[0]:
@@ -315,18 +306,14 @@ def pearson_correlation(x: Tensor, y: Tensor) -> Tensor:
 
 
 def _average_ranks(x: Tensor) -> Tensor:
-    """Ranks 1..N of x, tied values sharing the mean of their ranks (float64)."""
-    order = torch.argsort(x, stable=True)
-    sorted_x = x[order]
-    ranks = torch.empty(x.numel(), dtype=torch.float64)
-    i, n = 0, x.numel()
-    while i < n:
-        j = i
-        while j + 1 < n and sorted_x[j + 1] == sorted_x[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1  # mean of ranks i+1 .. j+1
-        i = j + 1
-    return ranks
+    """Ranks 1..N of x, tied values sharing the mean of their ranks: (N,) -> (N,) float64."""
+    x = x.double()
+    ranks = torch.empty_like(x)
+    ranks[torch.argsort(x, stable=True)] = torch.arange(1, x.numel() + 1, dtype=torch.float64)
+    values, inverse = torch.unique(x, return_inverse=True)  # tied values share an index
+    total = torch.zeros(values.numel(), dtype=torch.float64).index_add_(0, inverse, ranks)
+    count = torch.zeros(values.numel(), dtype=torch.float64).index_add_(0, inverse, torch.ones_like(x))
+    return (total / count)[inverse]
 
 
 def spearman_correlation(x: Tensor, y: Tensor) -> Tensor:

@@ -40,9 +40,14 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from llmbook.alignment.logprobs import _check_ids, _check_mask, masked_sum, token_logprobs
+from llmbook.alignment.logprobs import (
+    _check_mask,
+    _check_prompt_response,
+    masked_sum,
+    token_logprobs,
+)
 from llmbook.validation import check_floating_tensor as _check_floating
-from llmbook.validation import check_positive_int
+from llmbook.validation import check_positive_int, check_token_ids
 
 __all__ = [
     "PACKING_STRATEGIES",
@@ -96,7 +101,7 @@ def _as_ids(x: object, name: str) -> Tensor:
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in x):
             raise TypeError(f"{name} must hold int token ids, got {x!r}")
         x = torch.tensor(x, dtype=torch.long)
-    _check_ids(x, name)
+    check_token_ids(x, name)
     if x.ndim != 1:
         raise ValueError(f"{name} must be 1-d (one example), got shape {tuple(x.shape)}")
     if x.numel() and int(x.min()) < 0:
@@ -113,18 +118,9 @@ def sft_batch(prompt_ids: Tensor, response_ids: Tensor, pad_id: int = 0) -> SFTB
     attention); ``example_ids[b] = b``. Needs P >= 1 (the first response token is predicted
     from the last prompt token) and R >= 1.
     """
-    _check_ids(prompt_ids, "prompt_ids")
-    _check_ids(response_ids, "response_ids")
-    if prompt_ids.ndim != 2 or response_ids.ndim != 2:
-        raise ValueError(f"prompt_ids and response_ids must be (B, P) and (B, R), got shapes "
-                         f"{tuple(prompt_ids.shape)} and {tuple(response_ids.shape)}")
-    B, P = prompt_ids.shape
-    if response_ids.shape[0] != B:
-        raise ValueError(f"prompt_ids has {B} rows but response_ids has {response_ids.shape[0]}")
-    R = response_ids.shape[1]
-    if B < 1 or P < 1 or R < 1:
-        raise ValueError(f"need B >= 1 rows, P >= 1 prompt and R >= 1 response tokens, got "
-                         f"B={B}, P={P}, R={R}")
+    B, P, R = _check_prompt_response(prompt_ids, response_ids)
+    if B < 1:
+        raise ValueError(f"need B >= 1 rows, got B={B}")
     pad_id = _check_pad_id(pad_id)
     ids = torch.cat([prompt_ids.long(), response_ids.long()], dim=1)  # (B, T)
     targets = torch.cat([ids[:, 1:], torch.full((B, 1), pad_id, dtype=torch.long)], dim=1)
@@ -278,7 +274,7 @@ def sft_loss(logits: Tensor, targets: Tensor, loss_mask: Tensor,
     micro-batch's sum by the number of response tokens of the *whole* batch.
     """
     _check_floating(logits, "logits")
-    _check_ids(targets, "targets")
+    check_token_ids(targets, "targets")
     if logits.ndim != 3 or tuple(targets.shape) != tuple(logits.shape[:2]):
         raise ValueError(f"logits must be (B, T, V) and targets (B, T) with the same B, T; got "
                          f"{tuple(logits.shape)} and {tuple(targets.shape)}")
