@@ -72,6 +72,8 @@ ARTIFACT_MODULES = (
     "llmbook.alignment.ppo",
     "llmbook.alignment.dpo",
     "llmbook.alignment.reasoning",
+    "llmbook.scale.moe_training",
+    "llmbook.scale.induction",
 )
 
 

@@ -1,0 +1,115 @@
+"""Tests for llmbook.scale.launch: real processes joined by torch.distributed (gloo)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from llmbook.scale import launch
+from llmbook.scale.launch import WorkerError, loopback_interface, run
+
+
+def _sum_of_ranks(rank: int, world_size: int, n: int) -> torch.Tensor:
+    t = torch.full((n,), float(rank + 1))
+    dist.all_reduce(t)
+    return t
+
+
+def _identity(rank: int, world_size: int) -> tuple[int, int, int]:
+    return rank, world_size, dist.get_rank()
+
+
+def _raise_on_rank_one(rank: int, world_size: int) -> int:
+    if rank == 1:
+        raise ValueError("rank one refuses on purpose")
+    dist.barrier()
+    return rank
+
+
+def _sleep_on_rank_one(rank: int, world_size: int) -> int:
+    if rank == 1:
+        time.sleep(120)
+    return rank
+
+
+def _exit_on_rank_zero(rank: int, world_size: int) -> int:
+    if rank == 0:
+        os._exit(3)
+    return rank
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_all_reduce_across_real_processes(world_size: int) -> None:
+    got = run(_sum_of_ranks, world_size, 5)
+    expected = torch.full((5,), world_size * (world_size + 1) / 2)
+    assert len(got) == world_size
+    for t in got:
+        assert torch.equal(t, expected)
+
+
+def test_results_come_back_in_rank_order() -> None:
+    assert run(_identity, 4) == [(r, 4, r) for r in range(4)]
+
+
+def test_a_failing_rank_fails_the_run_with_its_traceback() -> None:
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"(?s)rank 1 failed.*rank one refuses on purpose"):
+        run(_raise_on_rank_one, 3, timeout=30)
+    assert time.monotonic() - start < 20  # the other ranks, waiting in barrier, were stopped
+
+
+def test_a_hanging_rank_hits_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launch, "STARTUP_SECONDS", 5.0)
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"ranks \[1\] did not finish before the deadline"):
+        run(_sleep_on_rank_one, 2, timeout=1)
+    assert time.monotonic() - start < 15
+
+
+def test_a_rank_that_dies_silently_is_reported() -> None:
+    with pytest.raises(WorkerError, match="rank 0 died with exit code 3"):
+        run(_exit_on_rank_zero, 2, timeout=20)
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="world_size"):
+        run(_identity, 0)
+    with pytest.raises(ValueError, match="world_size"):
+        run(_identity, True)
+    with pytest.raises(ValueError, match="backend"):
+        run(_identity, 2, backend="mpi")
+    with pytest.raises(ValueError, match="timeout"):
+        run(_identity, 2, timeout=0)
+    with pytest.raises(TypeError, match="module-level function"):
+        run(lambda rank, world_size: rank, 2)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="nccl"):
+            run(_identity, 2, backend="nccl")
+
+
+def test_loopback_interface_is_a_real_interface_name() -> None:
+    name = loopback_interface()
+    if name is not None:
+        import socket
+        assert name in [n for _, n in socket.if_nameindex()]
+
+
+def _print_and_warn(rank: int, world_size: int) -> int:
+    import warnings
+    print(f"hello from rank {rank}")
+    warnings.warn(f"warning from rank {rank}", stacklevel=1)
+    return rank
+
+
+def test_rank_output_is_captured_and_echoed_in_rank_order(capsys: pytest.CaptureFixture) -> None:
+    assert run(_print_and_warn, 3) == [0, 1, 2]
+    assert capsys.readouterr().out == ""
+    run(_print_and_warn, 3, echo=True)
+    out = capsys.readouterr().out
+    positions = [out.index(f"[rank {r}]\nhello from rank {r}") for r in range(3)]
+    assert positions == sorted(positions)
+    assert "warning from rank 2" in out
