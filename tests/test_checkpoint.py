@@ -50,6 +50,30 @@ def test_round_trip_restores_model_optimizer_step_and_extra(tmp_path):
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]  # no leftovers
 
 
+def test_round_trip_through_a_file_object():
+    import io
+    model, opt = trained_pair()
+    buffer = io.BytesIO()
+    assert save_checkpoint(buffer, model, opt, 5, note="in memory") is buffer
+    buffer.seek(0)
+    fresh = small_model(seed=1)
+    fresh_opt = AdamW(fresh.parameters(), lr=1e-2)
+    assert load_checkpoint(buffer, fresh, fresh_opt) == 5
+    for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    buffer.seek(0)
+    assert read_checkpoint(buffer)["extra"] == {"note": "in memory"}
+    with pytest.raises(ValueError, match="not an llmbook checkpoint"):
+        other = io.BytesIO()
+        torch.save({"x": 1}, other)
+        other.seek(0)
+        read_checkpoint(other)
+    with pytest.raises(TypeError, match="binary file object"):
+        save_checkpoint(42, model, opt, 1)
+    with pytest.raises(TypeError, match="binary file object"):
+        read_checkpoint(3.5)
+
+
 def test_crash_mid_save_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
     model, opt = trained_pair()
     path = save_checkpoint(tmp_path / "c.pt", model, opt, 5)

@@ -156,6 +156,18 @@ def test_train_from_path_equals_train_from_text(tmp_path):
     assert load_text(path) == text
 
 
+def test_a_str_naming_a_file_is_refused_not_trained_on(tmp_path, monkeypatch):
+    (tmp_path / "corpus.txt").write_text("hello world " * 10, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"'corpus.txt' is the name of an existing file.*"
+                                         r"pass pathlib.Path\('corpus.txt'\)"):
+        train_bpe("corpus.txt", 300)
+    with pytest.raises(ValueError, match="existing file"):
+        load_text(str(tmp_path / "corpus.txt"))
+    assert load_text("corpus.txt\n") == "corpus.txt\n"  # text with a newline is text
+    assert load_text("another.txt") == "another.txt"  # no such file: the text itself
+
+
 # -- training: bad input -------------------------------------------------------------------
 
 def test_training_rejects_bad_input(tmp_path):

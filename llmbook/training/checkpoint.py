@@ -25,7 +25,7 @@ import os
 import pickle
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from torch import nn
@@ -69,14 +69,20 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> Path:
     return path
 
 
-def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: Optimizer | None,
-                    step: int, **extra: Any) -> Path:
+def _is_file_object(target: object, method: str) -> bool:
+    return not isinstance(target, (str, os.PathLike)) and callable(getattr(target, method, None))
+
+
+def save_checkpoint(path: str | os.PathLike | IO[bytes], model: nn.Module,
+                    optimizer: Optimizer | None, step: int, **extra: Any) -> Path | IO[bytes]:
     """Write a checkpoint of ``model`` (and ``optimizer``) after ``step`` updates, atomically.
 
     ``extra`` holds anything else to keep (RNG states as tensors, a loss history, a
     config dict); it must consist of tensors, numbers, strings, ``None`` and
     lists/tuples/dicts of them, because :func:`read_checkpoint` loads nothing else.
-    Returns the path.
+    ``path`` may also be a binary file object (``io.BytesIO``, an open file): the
+    checkpoint is written into it at its current position, and atomicity is then the
+    caller's business. Returns the path (or the file object).
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an int >= 0, got step={step!r}")
@@ -87,21 +93,35 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: Optimi
         "optimizer": None if optimizer is None else optimizer.state_dict(),
         "extra": extra,
     }
+    if _is_file_object(path, "write"):
+        torch.save(payload, path)
+        return path
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str, a path or a binary file object with write(), "
+                        f"got {type(path).__name__}")
     return atomic_save(payload, path)
 
 
-def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+def read_checkpoint(path: str | os.PathLike | IO[bytes]) -> dict[str, Any]:
     """Load a checkpoint file safely (``weights_only=True``) and check its format.
 
     Returns the dict written by :func:`save_checkpoint`: ``format``, ``step``, ``model``
     (a state dict), ``optimizer`` (a state dict or None) and ``extra``. A missing file is
     a ``FileNotFoundError``; a truncated or corrupt file, a file holding objects that
     the restricted unpickler refuses, or a file that is not an llmbook checkpoint is a
-    ``ValueError`` naming the file.
+    ``ValueError`` naming the file. ``path`` may also be a binary file object with
+    ``read`` and ``seek`` (read from its current position).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
+    if _is_file_object(path, "read"):
+        if not callable(getattr(path, "seek", None)):
+            raise TypeError("a checkpoint file object must support seek() (torch.load needs it)")
+    elif isinstance(path, (str, os.PathLike)):
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no checkpoint at {path}")
+    else:
+        raise TypeError(f"path must be a str, a path or a binary file object with read(), "
+                        f"got {type(path).__name__}")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -144,7 +164,7 @@ def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor],
         raise ValueError(f"{source} does not fit this model: " + "; ".join(parts))
 
 
-def load_checkpoint(path: str | os.PathLike, model: nn.Module,
+def load_checkpoint(path: str | os.PathLike | IO[bytes], model: nn.Module,
                     optimizer: Optimizer | None = None) -> int:
     """Restore ``model`` (and ``optimizer``, if given) from a checkpoint; return its step.
 

@@ -57,9 +57,17 @@ def load_text(text_or_path: str | os.PathLike) -> str:
     """Return the text itself (a ``str``) or the contents of a UTF-8 file (a path).
 
     A ``str`` is always text, never a file name; pass ``pathlib.Path(name)`` for a file.
-    A file that is not valid UTF-8 raises ``ValueError`` naming the file and byte offset.
+    Because ``train_bpe("corpus.txt", ...)`` would otherwise train quietly on the ten
+    characters of the name, a one-line ``str`` that names an existing file is refused with
+    a ``ValueError`` that says to pass a path. A file that is not valid UTF-8 raises
+    ``ValueError`` naming the file and byte offset.
     """
     if isinstance(text_or_path, str):
+        if (0 < len(text_or_path) < 4096 and "\n" not in text_or_path and "\0" not in text_or_path
+                and os.path.isfile(text_or_path)):
+            raise ValueError(f"{text_or_path!r} is the name of an existing file, and a str is "
+                             f"read as the text itself: pass pathlib.Path({text_or_path!r}) to "
+                             f"read the file")
         return text_or_path
     if not isinstance(text_or_path, os.PathLike):
         raise TypeError(f"expected the text (str) or a path (pathlib.Path), "
