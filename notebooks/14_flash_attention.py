@@ -39,9 +39,11 @@ from IPython.display import Math, display
 
 from llmbook.inference import flash_triton
 from llmbook.inference.flash import (
+    FlashAttentionReferenceFunction,
     attention_hbm_accesses,
     flash_attention_backward_reference,
     flash_attention_reference,
+    flash_attention_tiled,
     flash_attention_triton,
     merge_softmax_states,
     online_softmax,
@@ -363,6 +365,32 @@ for T, causal in ((37, False), (37, True)):
         checks.close(f"T={T}{' causal' if causal else ''}: {name}", a_, b_, tol=1e-12)
 scores = (q @ k.transpose(-2, -1) / 4).masked_fill(~causal_mask(T), -torch.inf)  # 1/sqrt(16)
 checks.close("L = logsumexp of the scaled scores", torch.logsumexp(scores, -1), lse, tol=1e-12)
+checks
+
+# %% [markdown]
+# Training uses the two halves as *one* differentiable operation: a
+# `torch.autograd.Function` whose forward runs the tiled loop without recording a graph and
+# saves only $(Q, K, V, O, L)$, and whose backward is the tiled backward above. Autograd
+# through the tiles (what `flash_attention_reference` offers by itself) would keep every
+# tile of $P$ for the backward, $O(T^2)$ memory again.
+
+# %%
+show_source(FlashAttentionReferenceFunction)
+
+# %%
+g_tiled = torch.Generator().manual_seed(14)  # its own stream: later cells keep theirs
+q_t, k_t, v_t = (torch.randn(2, 2, 37, 16, generator=g_tiled, dtype=torch.float64,
+                             requires_grad=True) for _ in range(3))
+do_t = torch.randn(2, 2, 37, 16, generator=g_tiled, dtype=torch.float64)
+out_t = flash_attention_tiled(q_t, k_t, v_t, is_causal=True, block_q=16, block_k=16)
+saved = [tuple(t.shape) for t in out_t.grad_fn.saved_tensors]
+checks = Checks("flash_attention_tiled: one autograd.Function, float64")
+checks.equal("saved for backward: q, k, v, O, L", saved,
+             [(2, 2, 37, 16)] * 4 + [(2, 2, 37)])
+ours = torch.autograd.grad(out_t, (q_t, k_t, v_t), do_t)
+auto = grads(F.scaled_dot_product_attention, q_t, k_t, v_t, do_t, is_causal=True)[1:]
+for name, a_, b_ in zip(("dq", "dk", "dv"), auto, ours, strict=True):
+    checks.close(f"{name} vs autograd of torch's attention", a_, b_, tol=1e-12)
 checks
 
 # %% [markdown]

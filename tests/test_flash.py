@@ -13,6 +13,7 @@ from llmbook.inference.flash import (
     attention_hbm_accesses,
     flash_attention_backward_reference,
     flash_attention_reference,
+    flash_attention_tiled,
     merge_softmax_states,
     online_softmax,
     peak_memory_bytes,
@@ -189,6 +190,34 @@ def test_reference_gradcheck_through_the_tiles():
     assert torch.autograd.gradcheck(
         lambda q, k, v: flash_attention_reference(q, k, v, is_causal=True, block_q=4, block_k=3),
         (q, k, v))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tiled_function_joins_forward_and_backward(causal):
+    q, k, v = (_randn(2, 3, T, d, seed=i, requires_grad=True)
+               for i, (T, d) in enumerate([(11, 5), (13, 5), (13, 7)]))
+    do = _randn(2, 3, 11, 7, seed=9)
+    out = flash_attention_tiled(q, k, v, is_causal=causal, block_q=4, block_k=3, scale=0.4)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.4)
+    assert _err(out, expected) < 1e-13
+    # what the graph keeps is q, k, v, O and L: no (T_q, T_k) tensor
+    saved = [t.shape for t in out.grad_fn.saved_tensors]
+    assert saved == [q.shape, k.shape, v.shape, out.shape, out.shape[:-1]]
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), do),
+                    torch.autograd.grad(expected, (q, k, v), do), strict=True):
+        assert a.shape == b.shape and _err(a, b) < 1e-12
+
+
+def test_tiled_function_gradcheck_and_defaults():
+    q, k, v = (_randn(1, 9, 4, seed=i, requires_grad=True) for i in range(3))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: flash_attention_tiled(q, k, v, is_causal=True, block_q=4, block_k=3),
+        (q, k, v))
+    from llmbook.inference.flash import FlashAttentionReferenceFunction
+    assert torch.equal(FlashAttentionReferenceFunction.apply(q, k, v),
+                       flash_attention_tiled(q, k, v))
+    with pytest.raises(ValueError, match="same last dimension"):
+        flash_attention_tiled(q, k[..., :3], v)
 
 
 def test_causal_output_ignores_the_future():

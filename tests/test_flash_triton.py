@@ -109,6 +109,16 @@ def test_non_contiguous_inputs_and_leading_dims():
                 F.scaled_dot_product_attention(q3, q3, q3, scale=0.5)) < 1e-5
 
 
+def test_autograd_function_apply_with_defaults():
+    q, k, v = (_randn(1, 2, 21, 16, seed=i, requires_grad=True) for i in range(3))
+    out = flash_triton.FlashAttentionFunction.apply(q, k, v)
+    assert _err(out, F.scaled_dot_product_attention(q, k, v)) < 1e-5
+    out.sum().backward()
+    assert q.grad is not None and q.grad.shape == q.shape
+    with pytest.raises(ValueError):
+        flash_triton.FlashAttentionFunction.apply(q, k[..., :8], v)
+
+
 def test_bad_inputs():
     q = _randn(1, 20, 16)
     with pytest.raises(TypeError, match=r"float64.*flash_attention_reference"):

@@ -28,6 +28,8 @@ Contents:
   log-sum-exp L of every query row;
 * :func:`flash_attention_backward_reference` - the tiled backward that recomputes
   P = exp(S - L) from L instead of storing it;
+* :class:`FlashAttentionReferenceFunction` and :func:`flash_attention_tiled` - the two joined
+  into one ``autograd.Function``: differentiable attention that keeps no (T_q, T_k) matrix;
 * :func:`attention_hbm_accesses` - the IO counts of Dao et al.'s Theorem 2 for one head;
 * :func:`peak_memory_bytes` - the peak of tensor memory allocated while a function runs;
 * :func:`flash_attention_triton` - the Triton kernels of :mod:`llmbook.inference.flash_triton`,
@@ -48,9 +50,11 @@ from torch import Tensor
 from llmbook.validation import check_positive_int
 
 __all__ = [
+    "FlashAttentionReferenceFunction",
     "attention_hbm_accesses",
     "flash_attention_backward_reference",
     "flash_attention_reference",
+    "flash_attention_tiled",
     "flash_attention_triton",
     "merge_softmax_states",
     "online_softmax",
@@ -282,6 +286,49 @@ def flash_attention_backward_reference(q: Tensor, k: Tensor, v: Tensor, out: Ten
             dq[..., i0:i1, :] += scale * (ds @ k_j)
             dk[..., j0:j1, :] += scale * (ds.transpose(-2, -1) @ q[..., i0:i1, :])
     return dq, dk, dv
+
+
+class FlashAttentionReferenceFunction(torch.autograd.Function):
+    """The tiled forward and the tiled backward joined into one differentiable operation.
+
+    The forward (:func:`flash_attention_reference`) runs without recording a graph and saves
+    only q, k, v, the output O and the log-sum-exp L: O(T d) memory instead of the
+    (T_q, T_k) probabilities an autograd graph through the tiles would keep. The backward is
+    :func:`flash_attention_backward_reference`, which recomputes P tile by tile from L. This
+    is how FlashAttention is used in training (Dao et al., 2022, section 3.1). Call it
+    through :func:`flash_attention_tiled`, or as ``.apply(q, k, v)`` with the defaults of
+    that function.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
+                block_q: int = 64, block_k: int = 64, scale: float | None = None) -> Tensor:
+        out, lse = flash_attention_reference(q, k, v, is_causal=is_causal, block_q=block_q,
+                                             block_k=block_k, scale=scale, return_lse=True)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = {"is_causal": is_causal, "block_q": block_q, "block_k": block_k,
+                       "scale": scale}
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward_reference(q, k, v, out, lse, grad_out.contiguous(),
+                                                        **ctx.options)
+        return dq, dk, dv, None, None, None, None
+
+
+def flash_attention_tiled(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
+                          block_q: int = 64, block_k: int = 64,
+                          scale: float | None = None) -> Tensor:
+    """softmax(scale q k^T) v with the tiled forward and the tiled, recomputing backward.
+
+    Arguments and shapes as in :func:`flash_attention_reference`; returns (..., T_q, d_v).
+    Differentiable with respect to q, k and v through
+    :class:`FlashAttentionReferenceFunction`, whose backward keeps no (T_q, T_k) matrix.
+    """
+    return FlashAttentionReferenceFunction.apply(q, k, v, bool(is_causal), block_q, block_k,
+                                                 scale)
 
 
 # ------------------------------------------------------------------ IO and memory

@@ -392,15 +392,22 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tenso
 
 
 class FlashAttentionFunction(torch.autograd.Function):
-    """autograd.Function: Triton forward saving (q, k, v, O, L); Triton backward recomputing P."""
+    """autograd.Function: Triton forward saving (q, k, v, O, L); Triton backward recomputing P.
+
+    ``FlashAttentionFunction.apply(q, k, v)`` works with the defaults of :func:`flash_attention`
+    (no mask, scale 1/sqrt(d), automatic tiles); the inputs are checked here too.
+    """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float,
-                blocks: tuple[int, int] | None) -> Tensor:
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
+                scale: float | None = None, blocks: tuple[int, int] | None = None) -> Tensor:
+        _check_inputs(q, k, v, *(blocks if blocks is not None else (None, None)))
+        blocks = blocks if blocks is not None else _blocks(None, None)
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
         q3, k3, v3 = _as_3d(q), _as_3d(k), _as_3d(v)  # (BH, T, d)
-        o3, lse = _forward(q3, k3, v3, is_causal, scale, blocks)
+        o3, lse = _forward(q3, k3, v3, bool(is_causal), scale, blocks)
         ctx.save_for_backward(q3, k3, v3, o3, lse)
-        ctx.is_causal, ctx.scale, ctx.blocks = is_causal, scale, blocks
+        ctx.is_causal, ctx.scale, ctx.blocks = bool(is_causal), scale, blocks
         ctx.shapes = (q.shape, k.shape, v.shape)
         return o3.view(*q.shape[:-1], v.shape[-1])
 
