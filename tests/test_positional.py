@@ -397,6 +397,23 @@ def test_rope_position_zero_is_identity_and_buffers_not_persistent():
     assert {name for name, _ in rope.named_buffers()} == {"inv_freq", "cos", "sin"}
 
 
+def test_rope_accepts_any_leading_dimensions_and_position_shapes():
+    rope = RotaryEmbedding(6, max_seq_len=32, dtype=torch.float64)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 5, 7, 6, generator=g, dtype=torch.float64)  # (B, H, G, T, d)
+    pos = torch.randint(0, 32, (2, 7), generator=g)
+    got = rope(x, pos)
+    for b in range(2):  # row b of the positions rotates everything in batch entry b
+        expected = rope(x[b].reshape(15, 7, 6)[None], pos[b]).reshape(3, 5, 7, 6)
+        assert torch.equal(got[b], expected)
+    shared = torch.arange(7)
+    assert torch.equal(rope(x, shared), rope(x, shared[None]))  # (T,) and (1, T) agree
+    flat = x[0, 0, 0]  # (T, d) with no batch dimension at all
+    assert torch.equal(rope(flat, shared), rope(flat[None, None], shared)[0, 0])
+    three = x[:, 0, 0]  # (B, T, d), no head axis
+    assert torch.equal(rope(three, pos)[1], rope(three[1:2], pos[1])[0])
+
+
 def test_rope_bad_inputs():
     rope = RotaryEmbedding(8, max_seq_len=16)
     x = torch.zeros(2, 3, 5, 8)
@@ -408,10 +425,12 @@ def test_rope_bad_inputs():
         rope(x, torch.tensor([0, 1, 2, 3, -2]))
     with pytest.raises(TypeError, match="integer dtype"):
         rope(x, torch.arange(5.0))
-    with pytest.raises(ValueError, match=r"\(B, H, T, d_head=8\), got \(2, 5, 8\)"):
-        rope(torch.zeros(2, 5, 8), torch.arange(5))
-    with pytest.raises(ValueError, match=r"\(B, H, T, d_head=8\), got \(2, 3, 5, 6\)"):
+    with pytest.raises(ValueError, match=r"\(\.\.\., T, d_head=8\), got \(5,\)"):
+        rope(torch.zeros(5), torch.arange(5))
+    with pytest.raises(ValueError, match=r"\(\.\.\., T, d_head=8\), got \(2, 3, 5, 6\)"):
         rope(torch.zeros(2, 3, 5, 6), torch.arange(5))
+    with pytest.raises(ValueError, match=r"positions must have shape \(T,\) = \(5,\), \(1, T\) for"):
+        rope(torch.zeros(5, 8), torch.zeros(2, 5, dtype=torch.long))
     with pytest.raises(ValueError, match=r"positions must have shape .* got \(4,\)"):
         rope(x, torch.arange(4))
     with pytest.raises(ValueError, match=r"positions must have shape .* got \(3, 5\)"):

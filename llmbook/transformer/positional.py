@@ -280,10 +280,13 @@ class RotaryEmbedding(nn.Module):
     a key at position n, (R_m q).(R_n k) = q.(R_{n-m} k): the score depends on the
     positions only through the offset.
 
-    Layout: ``x`` is (B, H, T, d_head), queries or keys after the split into heads;
-    ``positions`` holds the explicit token positions, (T,) shared by the batch or (B, T),
-    integers in [0, max_seq_len). A position beyond the cache is an error naming it (the
-    cache is not grown silently; build the module with a larger ``max_seq_len``).
+    Layout: ``x`` is (..., T, d_head), usually (B, H, T, d_head), queries or keys after the
+    split into heads, but any leading dimensions work, as in torch ((T, d), (B, T, d), ...).
+    ``positions`` holds the explicit token positions: (T,) or (1, T), shared by everything,
+    or (B, T), one row per entry of x's first dimension B (then x needs at least 3
+    dimensions); integers in [0, max_seq_len). A position beyond the cache is an error
+    naming it (the cache is not grown silently; build the module with a larger
+    ``max_seq_len``).
 
     ``interleaved`` picks the pairing (see :func:`apply_rotary`). The tables are computed
     in ``dtype``: in float32 with the same arithmetic as Hugging Face's
@@ -312,24 +315,30 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin(), persistent=False)  # (T_max, d/2)
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Rotate ``x`` (B, H, T, d_head) at ``positions`` (T,) or (B, T): -> (B, H, T, d_head)."""
-        if not isinstance(x, Tensor) or x.ndim != 4 or x.shape[-1] != self.d_head:
+        """Rotate ``x`` (..., T, d_head) at ``positions`` (T,), (1, T) or (B, T): same shape."""
+        if not isinstance(x, Tensor) or x.ndim < 2 or x.shape[-1] != self.d_head:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"x must have shape (B, H, T, d_head={self.d_head}), got {shape}")
+            raise ValueError(f"x must have shape (..., T, d_head={self.d_head}), got {shape}")
         if not x.is_floating_point():
             raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
         positions = _check_positions(positions, self.max_seq_len)
-        B, _, T, _ = x.shape
-        if positions.shape not in ((T,), (B, T)):
+        T = x.shape[-2]
+        if positions.shape == (1, T):
+            positions = positions[0]
+        per_row = x.ndim >= 3 and positions.shape == (x.shape[0], T)
+        if positions.shape != (T,) and not per_row:
+            batch = f" or (B, T) = ({x.shape[0]}, {T})" if x.ndim >= 3 else ""
             raise ValueError(
-                f"positions must have shape (T,) = ({T},) or (B, T) = ({B}, {T}) for x of "
-                f"shape {tuple(x.shape)}, got {tuple(positions.shape)}"
+                f"positions must have shape (T,) = ({T},), (1, T){batch} for x of shape "
+                f"{tuple(x.shape)}, got {tuple(positions.shape)}"
             )
         cos = self.cos[positions].to(x.dtype)  # (T, d/2) or (B, T, d/2)
         sin = self.sin[positions].to(x.dtype)
-        if positions.ndim == 2:
-            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d/2): shared by the heads
-        return apply_rotary(x, cos, sin, interleaved=self.interleaved)  # (B, H, T, d_head)
+        if per_row:  # (B, 1, ..., 1, T, d/2): shared by the heads and other middle axes
+            middle = (1,) * (x.ndim - 3)
+            cos = cos.view(cos.shape[0], *middle, T, cos.shape[-1])
+            sin = sin.view(sin.shape[0], *middle, T, sin.shape[-1])
+        return apply_rotary(x, cos, sin, interleaved=self.interleaved)  # x's shape
 
     def extra_repr(self) -> str:
         return (f"d_head={self.d_head}, theta={self.theta}, max_seq_len={self.max_seq_len}, "
