@@ -19,7 +19,10 @@ Processes are started with ``forkserver``: a server process imports torch once, 
 rank is forked from it, which takes milliseconds instead of the seconds of a fresh
 interpreter, while staying safe for threaded libraries (the server never ran torch's thread
 pools; forking the notebook's own process would copy them in an undefined state). Where
-``forkserver`` does not exist (Windows) it falls back to ``spawn``.
+``forkserver`` does not exist (Windows) it falls back to ``spawn``. As with any
+``multiprocessing`` code, a *script* that calls :func:`run` must do so under
+``if __name__ == "__main__":``, since each new process imports the script's main module;
+notebooks and tests need nothing.
 
 ``fn`` must be importable by name (defined in a module, not in a notebook cell), and what it
 returns must be picklable; tensors come back by value.
@@ -48,6 +51,12 @@ __all__ = ["WorkerError", "run", "loopback_interface"]
 #: Seconds a process may take to start and join the group, on top of the run's own timeout.
 STARTUP_SECONDS = 60.0
 
+#: What the fork server imports once, so that no rank pays for it: torch, and what torch's
+#: optimisers import on first use (``torch._dynamo``, several seconds per process on a small
+#: machine), and SymPy, which the chapter's modules import.
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.fx.experimental.symbolic_shapes",
+           "sympy", "llmbook.scale.launch")
+
 
 class WorkerError(RuntimeError):
     """A rank of :func:`run` failed; the message holds its rank and traceback."""
@@ -74,7 +83,7 @@ def _context() -> Any:
     methods = mp.get_all_start_methods()
     if "forkserver" in methods:
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "torch.distributed", __name__])
+        ctx.set_forkserver_preload(list(PRELOAD))  # effective when the server first starts
         return ctx
     return mp.get_context("spawn")  # pragma: no cover - Windows
 
