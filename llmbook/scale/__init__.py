@@ -10,7 +10,8 @@ Chapter → module → what it defines:
   :mod:`~llmbook.scale.pipeline`, :mod:`~llmbook.scale.cost_model`.
 * 23 Beyond attention → :mod:`~llmbook.scale.linear_attention`, :mod:`~llmbook.scale.ssm`,
   :mod:`~llmbook.scale.rwkv`.
-* 24 In-context learning and induction heads → :mod:`~llmbook.scale.induction`.
+* 24 In-context learning and induction heads → :mod:`~llmbook.scale.induction`,
+  :mod:`~llmbook.scale.interpretability`.
 
 Imports Parts I–V and the shared helpers, never a later part.
 """
