@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 import sympy as sp
 
+from llmbook.scale.collectives import alpha_beta_time
 from llmbook.validation import check_positive_int, check_positive_number
 
 __all__ = [
@@ -227,11 +228,10 @@ def memory_per_gpu(model: ModelSpec, layout: Layout) -> dict[str, float]:
 
 
 def allreduce_time(n_bytes: float, ranks: int, bandwidth: float, latency: float) -> float:
-    """Ring all-reduce time in the alpha-beta model: 2 (k-1) alpha + 2 (k-1)/k * n / beta."""
+    """Ring all-reduce time in the alpha-beta model of section 22.2
+    (:func:`~llmbook.scale.collectives.alpha_beta_time`), with beta = 1 / ``bandwidth``."""
     k = check_positive_int("ranks", ranks)
-    if k == 1:
-        return 0.0
-    return 2 * (k - 1) * latency + 2 * (k - 1) / k * n_bytes / bandwidth
+    return 0.0 if k == 1 else alpha_beta_time(n_bytes, k, latency, 1.0 / bandwidth)
 
 
 def predict(model: ModelSpec, cluster: Cluster, layout: Layout,
