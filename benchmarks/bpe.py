@@ -21,12 +21,12 @@ import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 import tokenizers
 import torch
 
+from llmbook.nbtools import best_time
 from llmbook.text.corpus import load_stdlib_docs, stdlib_docs_path
 from llmbook.text.tokenizer import BPETokenizer, train_bpe, train_hf_bpe
 
@@ -34,15 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "bpe.json"
 SPECIALS = ["<|endoftext|>"]
 
-
-def best_time(fn, repeats: int):
-    """(best seconds, last result) over ``repeats`` calls of ``fn()``."""
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, result
 
 
 def main() -> int:

@@ -8,6 +8,8 @@ Introduced in notebooks/00_preface. Every chapter uses the same four moves:
   and prints them as one table, failing loudly if any check fails;
 * :func:`seed_everything` makes a run repeatable;
 * :func:`save_figure` writes a figure to ``figures/`` under a stable name.
+
+Timing cells and the scripts in ``benchmarks/`` share :func:`best_time`.
 """
 
 from __future__ import annotations
@@ -17,15 +19,18 @@ import math
 import os
 import random
 import textwrap
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 __all__ = [
     "Checks",
     "SourceCode",
+    "best_time",
     "figures_dir",
     "format_number",
     "save_figure",
@@ -65,7 +70,8 @@ def show_source(obj: Any) -> SourceCode:
 def format_number(x: Any, digits: int = 4) -> str:
     """Format a number (or a sequence of numbers) compactly and deterministically.
 
-    Integers print exactly; floats with ``digits`` significant digits; a sequence of up
+    Integers, and floats that hold whole numbers (below 2**53), print in full; other
+    floats with ``digits`` significant digits; a sequence of up
     to four numbers as ``[a, b, c, d]``. A longer one prints as its shape,
     ``shape (2, 37, 16)`` for an array or tensor and ``[1184 values]`` for a list: its
     first few float entries, shown to four digits, would change with the CPU whenever
@@ -92,6 +98,8 @@ def format_number(x: Any, digits: int = 4) -> str:
             return "0"
         if math.isnan(x) or math.isinf(x):
             return str(x)
+        if x.is_integer() and abs(x) < 2.0**53:
+            return str(int(x))  # a whole number in full: 50257, never 5.026e+04
         return f"{x:.{digits}g}"
     return str(x)
 
@@ -233,6 +241,27 @@ class Checks:
     def _ipython_display_(self) -> None:
         print(self.table())
         self.assert_all()
+
+
+R = TypeVar("R")
+
+
+def best_time(fn: Callable[[], R], repeats: int = 3) -> tuple[float, R]:
+    """(fastest wall-clock seconds of ``repeats`` calls of ``fn()``, the last call's result).
+
+    The minimum, not the mean: other work on the machine only ever adds time, so the
+    fastest run is the best estimate of what ``fn`` itself costs.
+    """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    best, result = math.inf, None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, result  # type: ignore[return-value]
 
 
 def seed_everything(seed: int = 0) -> Any:

@@ -1,6 +1,7 @@
 """The notebook helpers: source display, the checks table, seeding, figures, environment check."""
 
 import random
+import time
 
 import matplotlib
 
@@ -11,7 +12,14 @@ import pytest
 import torch
 
 from llmbook import environment, nbtools
-from llmbook.nbtools import Checks, format_number, save_figure, seed_everything, show_source
+from llmbook.nbtools import (
+    Checks,
+    best_time,
+    format_number,
+    save_figure,
+    seed_everything,
+    show_source,
+)
 
 
 def test_show_source_returns_the_real_source():
@@ -32,7 +40,8 @@ def test_show_source_rejects_builtins():
     [(3, "3"), (0.0, "0"), (1 / 3, "0.3333"), (np.float64(2.5e-7), "2.5e-07"), (True, "True"),
      ([1, 2], "[1, 2]"), (list(range(10)), "[10 values]"), (torch.zeros(2, 37, 16), "shape (2, 37, 16)"),
      (np.arange(9.0), "[9 values]"),
-     (torch.tensor([0.5, 0.25]), "[0.5, 0.25]"), (np.array(7), "7"), ("abc", "abc")],
+     (torch.tensor([0.5, 0.25]), "[0.5, 0.25]"), (np.array(7), "7"), ("abc", "abc"),
+     (50257.0, "50257"), (np.float64(1.75e11), "175000000000"), (50257.5, "5.026e+04"), (2.0**60, "1.153e+18")],
 )
 def test_format_number(value, text):
     assert format_number(value) == text
@@ -182,6 +191,23 @@ def test_checks_rows_read_the_same_whatever_the_round_off():
     # values above round-off, and integers, are shown as they are
     c = Checks("c")
     c.close("small but real", expected=[2e-3, 50257], got=[2e-3, 50257], tol=1e-9)
-    assert c.rows[0][2] == "[0.002, 5.026e+04]"
+    assert c.rows[0][2] == "[0.002, 50257]"
     c.close("integers", expected=[50257, 3], got=[50257, 3], tol=0)
     assert c.rows[1][2] == "[50257, 3]"
+
+
+def test_best_time_returns_the_fastest_run_and_the_result():
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.02 if len(calls) == 1 else 0.0)
+        return len(calls)
+
+    seconds, result = best_time(fn, repeats=3)
+    assert result == 3 and len(calls) == 3
+    assert 0 <= seconds < 0.02  # the slow first call is not the one reported
+    with pytest.raises(ValueError, match="repeats"):
+        best_time(fn, repeats=0)
+    with pytest.raises(TypeError, match="callable"):
+        best_time(42)
