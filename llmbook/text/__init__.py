@@ -3,8 +3,8 @@
 Chapter → module → what it defines:
 
 * 1 Tokens → :mod:`~llmbook.text.tokenizer` (a subpackage): byte-level BPE trained with
-  incremental pair counts (``train_bpe``), ``BPETokenizer``, GPT-2's file pair, and the
-  Hugging Face ``tokenizers`` peer; :mod:`~llmbook.text.corpus`: the shipped corpus
+  incremental pair counts (``train_bpe``, either tie rule), ``BPETokenizer``, GPT-2's file
+  pair, WordPiece's and Unigram's segmenters, and the Hugging Face ``tokenizers`` peer; :mod:`~llmbook.text.corpus`: the shipped corpus
   (``load_stdlib_docs``).
 * 2 Embeddings → :mod:`~llmbook.text.embedding`: ``one_hot``, ``TokenEmbedding``,
   ``embedding_grad``, cosine geometry and parameter counts.
@@ -12,6 +12,9 @@ Chapter → module → what it defines:
   ``log_softmax``, ``logsumexp``, ``cross_entropy``, ``perplexity``;
   :mod:`~llmbook.text.data`: ``MarkovSource`` with an exact entropy rate and the book's
   ``default_source``; :mod:`~llmbook.text.ngram`: the ``NGramModel`` baseline.
+* Chapters 4, 6, 7, 11, 12 (the published worked example "the cat sat", loaded here with
+  the data it needs and recomputed in each chapter with that chapter's code) →
+  :mod:`~llmbook.text.worked_example`: ``load_the_cat_sat``, ``PublishedComparison``, ``grade``.
 
 Imports only the shared helpers at the top of ``llmbook``.
 """
