@@ -145,12 +145,26 @@ plt.show()
 # - **Part V, adaptation and alignment**: LoRA, SFT, reward models, PPO, DPO, RL for reasoning.
 # - **Part VI, scale and beyond**: mixture of experts, distributed training, alternatives to attention.
 #
+# ## Summary
+#
+# * Each chapter runs the same loop: **derive** with SymPy, **implement** in `llmbook`
+#   (shown with `show_source`), **verify** against the symbolic result and an independent
+#   peer in a `Checks` table that prints the measured error, and **explore** with a figure.
+# * The miniature: $\sigma'(x) = \sigma(x)(1-\sigma(x))$, derived symbolically and matched
+#   by autograd in float64 to round-off, with its peak $1/4$ at $x = 0$.
+# * `seed_everything` makes every run repeatable; `make test` re-executes every notebook
+#   and compares it cell by cell.
+#
 # ## Exercises
 #
-# 1. Derive $\frac{d}{dx}\tanh(x)$ with SymPy and show it equals $1-\tanh^2(x)$. Then verify
-#    it against autograd in float64 on 101 points, as above.
-# 2. Show with SymPy that $\tanh(x) = 2\sigma(2x) - 1$.
-# 3. Use `Checks` to compare `torch.nn.functional.softplus` with $\log(1+e^{x})$ on
-#    $[-20, 20]$ in float64. What tolerance is honest, and why?
+# Reference solutions are in `notebooks/solutions/00_preface.py` and are checked by
+# `tests/test_solutions_00.py`.
 #
-# Solutions: `notebooks/solutions/00_preface.py`.
+# 1. (★) **The derivative of tanh.** Derive $\frac{d}{dx}\tanh(x)$ with SymPy and show it
+#    equals $1-\tanh^2(x)$. Then verify it against autograd in float64 on 101 points, as above.
+# 2. (★) **tanh from the sigmoid.** Show with SymPy that $\tanh(x) = 2\sigma(2x) - 1$.
+# 3. (★★) **An honest tolerance.** Use `Checks` to compare `torch.nn.functional.softplus`
+#    with $\log(1+e^{x})$, evaluated literally as `torch.log(1 + torch.exp(x))`, on
+#    $[-20, 20]$ in float64. Where is the relative error largest, what tolerance is honest,
+#    and why? Bound the error from the rounding of $1 + e^{x}$, then compare with
+#    `torch.log1p(torch.exp(x))`.

@@ -47,10 +47,19 @@ def test_exercise_2_most_frequent_pair():
     counts = {b"low": 5, b"lower": 2, b"newest": 6, b"widest": 3}
     # e-s and s-t occur 6 + 3 = 9 times; (b"e", b"s") < (b"s", b"t")
     assert sol.most_frequent_pair(counts) == (b"e", b"s")
+    assert sol.most_frequent_pair(counts, tie_break="largest") == (b"s", b"t")
     assert sol.most_frequent_pair({b"aaabdaaabac": 1}) == (b"a", b"a")
     text = load_stdlib_docs(30_000)
     _, merges = train_bpe(text, 257)
     assert sol.most_frequent_pair(count_pretokens(text)) == merges[0]
+    # the same words, as the trainer sees them, under both tie rules
+    words = {b"low": 5, b"lower": 2, b"newest": 6, b"widest": 3}
+    text_ws = "".join(f"{w.decode()}\n" * n for w, n in words.items())
+    for rule in ("smallest", "largest"):
+        first = train_bpe(text_ws, 257, tie_break=rule)[1][0]
+        assert sol.most_frequent_pair(count_pretokens(text_ws), tie_break=rule) == first
+    with pytest.raises(ValueError, match="tie_break must be"):
+        sol.most_frequent_pair(counts, tie_break="first")
     with pytest.raises(ValueError, match="no pair to merge"):
         sol.most_frequent_pair({b"a": 3})
 

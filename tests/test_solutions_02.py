@@ -67,6 +67,11 @@ def test_exercise_3_cos_moments():
     assert abs(cos4.mean().item() - float(fourth.subs(d, 64))) < 4 * sem
 
 
+def test_exercise_4_squared_error_gradient_is_derived():
+    for N, V in [(2, 3), (3, 2)]:
+        assert solutions.squared_error_gradient(N, V) == sp.zeros(N, V)
+
+
 def test_exercise_4_tied_grad_by_hand_matches_autograd():
     g = torch.Generator().manual_seed(2)
     V, d, N = 11, 6, 9  # V != d != N
@@ -75,7 +80,19 @@ def test_exercise_4_tied_grad_by_hand_matches_autograd():
     ids = torch.randint(0, V, (N,), generator=g)
     targets = torch.randint(0, V, (N,), generator=g)
     z = torch.tanh(E[ids] @ A) @ E.T
-    F.cross_entropy(z, targets).backward()
+    y = F.one_hot(targets, V).to(torch.float64)
+    (0.5 * ((z - y) ** 2).sum() / N).backward()
     ours = solutions.tied_grad_by_hand(E.detach(), A, ids, targets)
     assert torch.allclose(ours, E.grad, rtol=0, atol=1e-14)
     assert E.grad.abs().max() > 1e-2  # a real, nonzero gradient
+    # the same loss through PyTorch's mse_loss (mean over N V entries, so scale by V / 2)
+    E2 = E.detach().clone().requires_grad_(True)
+    z2 = torch.tanh(E2[ids] @ A) @ E2.T
+    (F.mse_loss(z2, y) * V / 2).backward()
+    assert torch.allclose(ours, E2.grad, rtol=0, atol=1e-14)
+    # untied into two copies: their gradients add up to ours, and neither alone is it
+    E_in = E.detach().clone().requires_grad_(True)
+    E_out = E.detach().clone().requires_grad_(True)
+    (0.5 * (((torch.tanh(E_in[ids] @ A) @ E_out.T) - y) ** 2).sum() / N).backward()
+    assert torch.allclose(ours, E_in.grad + E_out.grad, rtol=0, atol=1e-14)
+    assert (ours - E_in.grad).abs().max() > 1e-3 and (ours - E_out.grad).abs().max() > 1e-3

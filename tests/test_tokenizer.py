@@ -109,6 +109,108 @@ def test_worked_example_with_spaces_and_special_tokens():
     assert tok.encode("low lower" + EOT) == [258, 259, 101, 114, 256]
 
 
+# -- training: the tie-breaking rule ---------------------------------------------------------
+
+def test_tie_break_largest_worked_example_aaabdaaabac():
+    """After merge 1 (a, a), the pairs (aa, a) and (a, b) both occur twice. "smallest" takes
+    (a, b) because b"a" < b"aa"; "largest" takes (aa, a). Both reach 'aaab' at merge 3, by
+    different routes; at merge 4 every pair counts 1 and the rules pick opposite ends:
+    (a, c) against (d, aaab), since b"d" is the greatest left side."""
+    smallest = train_bpe("aaabdaaabac", 260, tie_break="smallest")
+    largest = train_bpe("aaabdaaabac", 260, tie_break="largest")
+    assert smallest == train_bpe("aaabdaaabac", 260)  # the default is unchanged
+    assert smallest[1] == [(b"a", b"a"), (b"a", b"b"), (b"aa", b"ab"), (b"a", b"c")]
+    assert largest[1] == [(b"a", b"a"), (b"aa", b"a"), (b"aaa", b"b"), (b"d", b"aaab")]
+    assert [largest[0][i] for i in range(256, 260)] == [b"aa", b"aaa", b"aaab", b"daaab"]
+    # the same ids for the training word after three merges, different tokens for 'ab'
+    three_s = BPETokenizer(*train_bpe("aaabdaaabac", 259, tie_break="smallest"))
+    three_l = BPETokenizer(*train_bpe("aaabdaaabac", 259, tie_break="largest"))
+    assert three_s.encode("aaabdaaabac") == three_l.encode("aaabdaaabac") == [258, 100, 258, 97, 99]
+    assert three_s.encode("ab") == [257] and three_l.encode("ab") == [97, 98]
+    assert three_l.encode("aaa") == [257]
+
+
+def test_tie_break_largest_with_spaces_and_special_tokens():
+    """(l, o) and (o, w) tie at 4: "largest" takes (o, w); then (l, ow) 4; then (' ', low)
+    and (low, e) tie at 2 and b"low" > b" " decides."""
+    text = "low lower<|endoftext|>low lowest"
+    vocab, merges = train_bpe(text, 256 + 1 + 3, [EOT], tie_break="largest")
+    assert merges == [(b"o", b"w"), (b"l", b"ow"), (b"low", b"e")]
+    assert train_bpe_naive(text, 260, [EOT], tie_break="largest") == (vocab, merges)
+    tok = BPETokenizer(vocab, merges, [EOT])
+    assert tok.encode("low lower" + EOT) == [258, 32, 259, 114, 256]
+
+
+def _merges_until_first_tie(text: str, merges: list[tuple[bytes, bytes]]) -> int:
+    """Replay ``merges`` on the pre-tokens of ``text`` with bytes tokens and return how many
+    of them were chosen with a unique highest count (the index of the first tied step, or
+    ``len(merges)`` if no step was tied). Independent of the trainers: plain recounting."""
+    words = [[bytes([b]) for b in w] for w in count_pretokens(text)]
+    freqs = list(count_pretokens(text).values())
+    for step, (left, right) in enumerate(merges):
+        counts: dict[tuple[bytes, bytes], int] = {}
+        for w, f in zip(words, freqs, strict=True):
+            for pair in zip(w, w[1:], strict=False):
+                counts[pair] = counts.get(pair, 0) + f
+        top = max(counts.values())
+        if sum(n == top for n in counts.values()) > 1:
+            return step
+        assert counts[(left, right)] == top  # the learned merge is the most frequent pair
+        for i, w in enumerate(words):
+            out, k = [], 0
+            while k < len(w):
+                if k + 1 < len(w) and (w[k], w[k + 1]) == (left, right):
+                    out.append(left + right)
+                    k += 2
+                else:
+                    out.append(w[k])
+                    k += 1
+            words[i] = out
+    return len(merges)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.text(alphabet="ab c\n'é", min_size=1, max_size=60),
+       st.integers(min_value=257, max_value=300))
+def test_tie_break_rules_agree_until_the_first_tie(text, vocab_size):
+    """Without a tie the two rules learn the same merges; at the first tie they part.
+
+    Both trainers (incremental and naive) agree with each other under either rule."""
+    smallest = train_bpe(text, vocab_size, tie_break="smallest")[1]
+    largest = train_bpe(text, vocab_size, tie_break="largest")
+    assert largest == train_bpe_naive(text, vocab_size, tie_break="largest")
+    largest = largest[1]
+    first_tie = _merges_until_first_tie(text, smallest)
+    assert smallest[:first_tie] == largest[:first_tie]
+    if first_tie == len(smallest):  # no tie anywhere: identical training runs
+        assert smallest == largest
+    else:  # the tied step picks the smallest and the greatest tied pair: different merges
+        assert smallest[first_tie] < largest[first_tie]
+
+
+def test_tie_break_rules_agree_on_a_corpus_without_ties():
+    """Pre-tokens b, ' aba', ' ab', ' abaab': the first counts are (a, b) 4, (' ', a) 3,
+    (b, a) 2, (a, a) 1, and no later step is tied either (checked by the replay), so both
+    rules learn the same four merges, after which no pair is left."""
+    text = "b aba ab abaab"
+    merges = [(b"a", b"b"), (b" ", b"ab"), (b" ab", b"a"), (b" aba", b"ab")]
+    assert train_bpe(text, 262, tie_break="smallest")[1] == merges
+    assert _merges_until_first_tie(text, merges) == len(merges)
+    assert train_bpe(text, 262, tie_break="largest") == train_bpe(text, 262, tie_break="smallest")
+    # pre-tokens 'ab' and ' ba': (a, b), (' ', b), (b, a) all count 1, a tie at once
+    tied = "ab ba"
+    assert train_bpe(tied, 257)[1] == [(b" ", b"b")]
+    assert train_bpe(tied, 257, tie_break="largest")[1] == [(b"b", b"a")]
+
+
+def test_tie_break_rejects_other_values():
+    for bad in ("greatest", "Smallest", "", None, 1):
+        with pytest.raises(ValueError, match="tie_break must be 'smallest' or 'largest'"):
+            train_bpe("abc", 300, tie_break=bad)
+        with pytest.raises(ValueError, match="tie_break must be 'smallest' or 'largest'"):
+            train_bpe_naive("abc", 300, tie_break=bad)
+
+
 def test_merge_pair_does_not_overlap():
     assert merge_pair([1, 2, 2, 2], (2, 2), 9) == [1, 9, 2]
     assert merge_pair([2, 2, 2, 2], (2, 2), 9) == [9, 9]

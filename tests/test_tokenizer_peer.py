@@ -6,6 +6,8 @@ trained locally on the shipped corpus.
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 
 import pytest
@@ -13,7 +15,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmbook.text.corpus import load_stdlib_docs
-from llmbook.text.tokenizer import BPETokenizer, hf_tokenizer_from_bpe, train_bpe, train_hf_bpe
+from llmbook.text.tokenizer import (
+    BPETokenizer,
+    count_pretokens,
+    hf_tokenizer_from_bpe,
+    token_to_gpt2_string,
+    train_bpe,
+    train_hf_bpe,
+    train_hf_unigram,
+    train_hf_wordpiece,
+    unigram_segment,
+    wordpiece_segment,
+)
 
 EOT = "<|endoftext|>"
 SPECIALS = [EOT, "<|pad|>"]
@@ -122,3 +135,96 @@ def test_overlapping_special_tokens_longest_first_like_hf():
     for text in ["x<|a|><|b|>y", "<|a|><|a|><|b|><|b|>", "<|a|> <|b|>", "<|a|><|b"]:
         assert ours.encode(text) == peer.encode(text).ids
     assert ours.encode("<|a|><|b|>") == [257] and ours.encode("<|a|><|b") == [256, *ours.encode("<|b")]
+
+
+# -- the other subword schemes: WordPiece and Unigram -------------------------------------------
+
+@pytest.fixture(scope="module")
+def alternatives():
+    text = load_stdlib_docs(60_000)
+    words = [token_to_gpt2_string(w) for w in count_pretokens(text)]
+    wordpiece = train_hf_wordpiece(text, 600)
+    unigram = train_hf_unigram(text, 600)
+    return text, words, wordpiece, unigram
+
+
+def test_wordpiece_worked_examples():
+    vocab = {"a", "ab", "##bcd", "##c", "##d", "[UNK]"}
+    assert wordpiece_segment("abcd", vocab) == ["ab", "##c", "##d"]  # greedy, not fewest
+    assert wordpiece_segment("abcd", vocab - {"##c"}) == ["[UNK]"]  # although a ##bcd exists
+    assert wordpiece_segment("a", vocab) == ["a"]
+    assert wordpiece_segment("ba", vocab) == ["[UNK]"]  # no piece starts with b
+    assert wordpiece_segment("ab" * 60, {"ab", "##ab"}) == ["[UNK]"]  # longer than 100
+    assert wordpiece_segment("abab", {"ab", "__ab"}, prefix="__", unk_token="?") == ["ab", "__ab"]
+    with pytest.raises(TypeError, match="word must be a str"):
+        wordpiece_segment(b"ab", vocab)
+
+
+def test_unigram_worked_examples():
+    log_p = {"a": math.log(0.2), "b": math.log(0.2), "c": math.log(0.1), "ab": math.log(0.05),
+             "bc": math.log(0.3)}
+    # a|bc: 0.2 * 0.3 = 0.06 beats ab|c: 0.005 and a|b|c: 0.004
+    pieces, score = unigram_segment("abc", log_p)
+    assert pieces == ["a", "bc"]
+    assert score == pytest.approx(math.log(0.06), abs=1e-15)
+    assert unigram_segment("ab", log_p) == (["ab"], pytest.approx(math.log(0.05)))  # 0.05 > 0.04
+    with pytest.raises(ValueError, match="no segmentation of 'abd'"):
+        unigram_segment("abd", log_p)
+    with pytest.raises(ValueError, match="empty word"):
+        unigram_segment("", log_p)
+    with pytest.raises(TypeError, match="word must be a str"):
+        unigram_segment(3, log_p)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text(alphabet="abc", min_size=1, max_size=9))
+def test_unigram_segment_is_the_most_probable_cut_by_enumeration(word):
+    """Against brute force: all 2^(n-1) cuts of the word, scored by the same log-probs."""
+    log_p = {"a": -1.0, "b": -1.5, "c": -2.0, "ab": -1.7, "bc": -2.2, "ca": -3.1, "abc": -3.0,
+             "cc": -2.5}
+    best = -math.inf
+    n = len(word)
+    for mask in range(2 ** (n - 1)):
+        cuts = [0] + [i + 1 for i in range(n - 1) if mask >> i & 1] + [n]
+        pieces = [word[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+        if all(p in log_p for p in pieces):
+            best = max(best, sum(log_p[p] for p in pieces))
+    pieces, score = unigram_segment(word, log_p)
+    assert "".join(pieces) == word
+    assert score == pytest.approx(sum(log_p[p] for p in pieces), abs=1e-12)
+    assert score == pytest.approx(best, abs=1e-12)
+
+
+def test_wordpiece_segment_equals_hf_wordpiece_on_every_word(alternatives):
+    _, words, wordpiece, _ = alternatives
+    vocab = wordpiece.get_vocab()
+    assert len(vocab) <= 600 and "[UNK]" in vocab
+    for word in words:
+        assert wordpiece_segment(word, vocab) == [t.value for t in wordpiece.model.tokenize(word)]
+    # a byte never seen inside a word has no ## form: the whole word becomes [UNK]
+    unseen = token_to_gpt2_string("naïve".encode())
+    assert [t.value for t in wordpiece.model.tokenize(unseen)] == ["[UNK]"]
+    assert wordpiece_segment(unseen, vocab) == ["[UNK]"]
+
+
+def test_unigram_segment_equals_hf_unigram_on_every_word(alternatives):
+    _, words, _, unigram = alternatives
+    scores = dict(json.loads(unigram.to_str())["model"]["vocab"])
+    del scores["<unk>"]
+    assert len(scores) == 599
+    for word in words:
+        ours, log_p = unigram_segment(word, scores)
+        theirs = [t.value for t in unigram.model.tokenize(word)]
+        assert sum(scores[t] for t in theirs) == pytest.approx(log_p, abs=1e-9)
+        assert ours == theirs
+    # byte-level: every word segments, and decoding gives the text back
+    probe = "naïve café, 東京 🙂"
+    assert unigram.decode(unigram.encode(probe).ids) == probe
+
+
+def test_hf_alternatives_reject_bad_vocab_sizes():
+    for trainer in (train_hf_wordpiece, train_hf_unigram):
+        with pytest.raises(ValueError, match="vocab_size=256 is below"):
+            trainer("abc", 256)
+        with pytest.raises(TypeError, match="vocab_size must be an int"):
+            trainer("abc", 300.0)

@@ -29,8 +29,16 @@ def utf8_encode(cp: int) -> bytes:
     return bytes([lead_marker | (cp >> (6 * (n - 1)))] + continuation)
 
 
-def most_frequent_pair(word_counts: dict[bytes, int]) -> tuple[bytes, bytes]:
-    """Exercise 2: the first pair BPE merges: highest count, ties to the smallest pair."""
+def most_frequent_pair(word_counts: dict[bytes, int],
+                       tie_break: str = "smallest") -> tuple[bytes, bytes]:
+    """Exercise 2: the first pair BPE merges: highest count, ties to the smallest pair
+    (``tie_break="smallest"``) or to the greatest (``"largest"``).
+
+    For ``{b"low": 5, b"lower": 2, b"newest": 6, b"widest": 3}`` the pairs (e, s) and
+    (s, t) both occur 6 + 3 = 9 times: the smallest rule takes (e, s), the largest (s, t).
+    """
+    if tie_break not in ("smallest", "largest"):
+        raise ValueError(f"tie_break must be 'smallest' or 'largest', got {tie_break!r}")
     counts: dict[tuple[bytes, bytes], int] = {}
     for word, n in word_counts.items():
         symbols = [bytes([b]) for b in word]
@@ -38,7 +46,9 @@ def most_frequent_pair(word_counts: dict[bytes, int]) -> tuple[bytes, bytes]:
             counts[pair] = counts.get(pair, 0) + n
     if not counts:
         raise ValueError("no pre-token has two bytes: there is no pair to merge")
-    return min(counts, key=lambda p: (-counts[p], p))
+    top = max(counts.values())
+    tied = [pair for pair, n in counts.items() if n == top]
+    return min(tied) if tie_break == "smallest" else max(tied)
 
 
 def bpe_encode_word(word: bytes, merges: Sequence[tuple[bytes, bytes]]) -> list[bytes]:

@@ -52,14 +52,28 @@ def cos_moments() -> tuple[sp.Expr, sp.Expr, sp.Symbol]:
     return fourth, var_cos2, d
 
 
+def squared_error_gradient(N: int = 2, V: int = 3) -> sp.Matrix:
+    """Exercise 4, first step: dL/dz for L = (1/2N) sum_t ||z_t - y_t||^2, derived by SymPy.
+
+    Every entry of z (N, V) is a free symbol and y is a one-hot matrix (token t -> t mod V).
+    Returns dL/dz - (z - y)/N, which SymPy reduces to the zero matrix.
+    """
+    z = sp.Matrix(N, V, lambda t, v: sp.Symbol(f"z_{t}{v}"))
+    y = sp.Matrix(N, V, lambda t, v: 1 if v == t % V else 0)
+    L = sum((z - y).applyfunc(lambda e: e**2)) / (2 * N)
+    dL_dz = sp.Matrix(N, V, lambda t, v: sp.diff(L, z[t, v]))
+    return sp.simplify(dL_dz - (z - y) / N)
+
+
 def tied_grad_by_hand(
     E: torch.Tensor, A: torch.Tensor, ids: torch.Tensor, targets: torch.Tensor
 ) -> torch.Tensor:
-    """Exercise 4: dL/dE for z = tanh(E[ids] A) E^T and L = mean cross-entropy, no autograd.
+    """Exercise 4: dL/dE for z = tanh(E[ids] A) E^T and L = (1/2N) sum_t ||z_t - y_t||^2.
 
-    Shapes: E (V, d), A (d, d), ids and targets (N,) -> (V, d). Backward pass:
-    G_z = (softmax(z) - y) / N; output use G_z^T h; then G_h = G_z E,
-    G_a = G_h * (1 - h^2), G_x = G_a A^T, scattered into the rows of ids.
+    y_t is the one-hot vector of targets[t]; no autograd. Shapes: E (V, d), A (d, d), ids
+    and targets (N,) -> (V, d). Backward pass: G_z = (z - y) / N; output use G_z^T h; then
+    G_h = G_z E, G_a = G_h * (1 - h^2) (tanh' = 1 - tanh^2), G_x = G_a A^T, scattered into
+    the rows of ids; the tied gradient is the sum of the two uses (section 2.4).
     """
     V = E.shape[0]
     N = ids.shape[0]
@@ -67,7 +81,7 @@ def tied_grad_by_hand(
     h = torch.tanh(x @ A)  # (N, d)
     z = h @ E.T  # (N, V)
     y = torch.nn.functional.one_hot(targets, V).to(E.dtype)  # (N, V)
-    G_z = (torch.softmax(z, dim=-1) - y) / N  # (N, V)
+    G_z = (z - y) / N  # (N, V)
     grad_output_use = G_z.T @ h  # (V, d)
     G_a = (G_z @ E) * (1 - h**2)  # (N, d)
     G_x = G_a @ A.T  # (N, d)

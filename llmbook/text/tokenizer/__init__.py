@@ -6,12 +6,20 @@ Introduced in notebooks/01_tokens. The modules, each adding one idea:
 * :mod:`.train`: :func:`train_bpe_naive` and :func:`train_bpe` (incremental pair counts);
 * :mod:`.encode`: :class:`BPETokenizer` (encode, decode, streaming encode);
 * :mod:`.gpt2_files`: GPT-2's ``encoder.json`` + ``vocab.bpe`` file pair;
-* :mod:`.hf_peer`: Hugging Face ``tokenizers`` set up as the independent check.
+* :mod:`.hf_peer`: Hugging Face ``tokenizers`` set up as the independent check;
+* :mod:`.alternatives`: the other subword schemes' segmenters, WordPiece's greedy longest
+  match and the Unigram model's Viterbi.
 """
 
+from llmbook.text.tokenizer.alternatives import unigram_segment, wordpiece_segment
 from llmbook.text.tokenizer.encode import BPETokenizer
 from llmbook.text.tokenizer.gpt2_files import read_gpt2_files, write_gpt2_files
-from llmbook.text.tokenizer.hf_peer import hf_tokenizer_from_bpe, train_hf_bpe
+from llmbook.text.tokenizer.hf_peer import (
+    hf_tokenizer_from_bpe,
+    train_hf_bpe,
+    train_hf_unigram,
+    train_hf_wordpiece,
+)
 from llmbook.text.tokenizer.pretokenize import (
     GPT2_SPLIT_PATTERN,
     bytes_to_unicode,
@@ -22,6 +30,7 @@ from llmbook.text.tokenizer.pretokenize import (
     unicode_to_bytes,
 )
 from llmbook.text.tokenizer.train import (
+    TIE_BREAKS,
     count_pairs,
     count_pretokens,
     load_text,
@@ -32,6 +41,7 @@ from llmbook.text.tokenizer.train import (
 
 __all__ = [
     "GPT2_SPLIT_PATTERN",
+    "TIE_BREAKS",
     "BPETokenizer",
     "bytes_to_unicode",
     "count_pairs",
@@ -47,6 +57,10 @@ __all__ = [
     "train_bpe",
     "train_bpe_naive",
     "train_hf_bpe",
+    "train_hf_unigram",
+    "train_hf_wordpiece",
     "unicode_to_bytes",
+    "unigram_segment",
+    "wordpiece_segment",
     "write_gpt2_files",
 ]

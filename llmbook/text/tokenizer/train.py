@@ -16,7 +16,12 @@ Conventions of this module (shared with :class:`llmbook.text.tokenizer.BPETokeni
 * **Counting.** The text is cut at special tokens, then into GPT-2 pre-tokens; pairs
   are counted inside pre-tokens only, weighted by how often each pre-token occurs.
 * **Ties.** Among pairs with the highest count, the lexicographically *smallest*
-  pair of byte strings ``(left, right)`` wins (Python's ordering of ``bytes``).
+  pair of byte strings ``(left, right)`` wins by default (Python's ordering of
+  ``bytes``: ``left`` decides, and ``right`` only when the lefts are equal; a proper
+  prefix is smaller, so ``b"a" < b"aa" < b"ab"``). ``tie_break="largest"`` takes the
+  lexicographically *greatest* pair instead, the rule some courses and implementations
+  use (for example Stanford's CS336, 2025, assignment 1). The rule matters only when
+  two pairs tie for the highest count; without ties both rules learn the same merges.
 
 :func:`train_bpe_naive` recounts every pair after each merge: short and obviously
 right, but it costs a pass over the whole word table per merge. :func:`train_bpe`
@@ -41,6 +46,7 @@ from llmbook.text.tokenizer.pretokenize import (
 )
 
 __all__ = [
+    "TIE_BREAKS",
     "count_pairs",
     "count_pretokens",
     "initial_vocab",
@@ -51,6 +57,32 @@ __all__ = [
 ]
 
 Pair = tuple[int, int]
+TIE_BREAKS = ("smallest", "largest")
+
+
+class _Descending:
+    """A ``bytes`` key that sorts in reverse, so that a min-heap pops the greatest first.
+
+    ``_Descending(a) < _Descending(b)`` exactly when ``a > b``; equal bytes compare equal.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bytes) -> None:
+        self.value = value
+
+    def __lt__(self, other: _Descending) -> bool:
+        return self.value > other.value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Descending) and self.value == other.value
+
+    __hash__ = None  # a sort key only: compared, never hashed
+
+
+def _check_tie_break(tie_break: str) -> None:
+    if not isinstance(tie_break, str) or tie_break not in TIE_BREAKS:
+        raise ValueError(f"tie_break must be 'smallest' or 'largest', got {tie_break!r}")
 
 
 def load_text(text_or_path: str | os.PathLike) -> str:
@@ -161,13 +193,15 @@ def _new_token(vocab: dict[int, bytes], ids_of: dict[bytes, int], pair: Pair) ->
 
 
 def train_bpe_naive(text_or_path: str | os.PathLike, vocab_size: int,
-                    special_tokens: tuple[str, ...] | list[str] = ()
+                    special_tokens: tuple[str, ...] | list[str] = (),
+                    tie_break: str = "smallest",
                     ) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
     """Teaching version of :func:`train_bpe`: recount all pairs after every merge.
 
     Same arguments, results and conventions as :func:`train_bpe`; it costs
     O(total word length) per merge, so use it on small corpora only.
     """
+    _check_tie_break(tie_break)
     vocab, words, freqs = _prepare(text_or_path, vocab_size, special_tokens)
     ids_of = {tok: i for i, tok in vocab.items() if i < 256}
     merges = []
@@ -175,8 +209,10 @@ def train_bpe_naive(text_or_path: str | os.PathLike, vocab_size: int,
         counts = count_pairs(words, freqs)
         if not counts:
             break  # every pre-token is a single token: nothing left to merge
-        # highest count first; among equal counts the smallest (left, right) bytes
-        best = min(counts, key=lambda p: (-counts[p], vocab[p[0]], vocab[p[1]]))
+        top = max(counts.values())
+        tied = [p for p, n in counts.items() if n == top]  # the pairs with the highest count
+        choose = min if tie_break == "smallest" else max  # ... and among them, by their bytes
+        best = choose(tied, key=lambda p: (vocab[p[0]], vocab[p[1]]))
         new_id = _new_token(vocab, ids_of, best)
         merges.append((vocab[best[0]], vocab[best[1]]))
         words = [merge_pair(w, best, new_id) for w in words]
@@ -223,7 +259,8 @@ def _pop_best(heap: list, pair_counts: dict[Pair, int]) -> Pair | None:
 
 
 def train_bpe(text_or_path: str | os.PathLike, vocab_size: int,
-              special_tokens: tuple[str, ...] | list[str] = ()
+              special_tokens: tuple[str, ...] | list[str] = (),
+              tie_break: str = "smallest",
               ) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
     """Train a byte-level BPE tokenizer with incremental pair counts.
 
@@ -233,6 +270,10 @@ def train_bpe(text_or_path: str | os.PathLike, vocab_size: int,
         vocab_size: the number of ids wanted, at least ``256 + len(special_tokens)``.
         special_tokens: strings that are cut out of the text before counting and get
             their own ids (256, 257, ...) after the bytes.
+        tie_break: which pair wins when several share the highest count:
+            ``"smallest"`` (the default) the lexicographically smallest ``(left, right)``
+            pair of byte strings, ``"largest"`` the greatest. Anything else is a
+            ``ValueError``.
 
     Returns:
         ``(vocab, merges)``: ``vocab`` maps id -> token bytes (ids 0..255 the bytes,
@@ -240,10 +281,13 @@ def train_bpe(text_or_path: str | os.PathLike, vocab_size: int,
         learned pairs ``(left_bytes, right_bytes)`` in the order learned.
 
     The heap holds ``(-count, left_bytes, right_bytes, left_id, right_id)``, so popping
-    gives the highest count and, among ties, the smallest byte pair. When a pair's
-    count changes a fresh entry is pushed; an entry whose count no longer matches is
-    stale and is skipped when popped.
+    gives the highest count and, among ties, the smallest byte pair (with
+    ``tie_break="largest"`` the bytes are wrapped in a key that sorts in reverse, so the
+    greatest pair pops first). When a pair's count changes a fresh entry is pushed; an
+    entry whose count no longer matches is stale and is skipped when popped.
     """
+    _check_tie_break(tie_break)
+    key = (lambda b: b) if tie_break == "smallest" else _Descending
     vocab, words, freqs = _prepare(text_or_path, vocab_size, special_tokens)
     ids_of = {tok: i for i, tok in vocab.items() if i < 256}
     pair_counts: dict[Pair, int] = {}
@@ -252,7 +296,7 @@ def train_bpe(text_or_path: str | os.PathLike, vocab_size: int,
         for p in pairwise(word):
             pair_counts[p] = pair_counts.get(p, 0) + f
             pair_words.setdefault(p, set()).add(w)
-    heap = [(-c, vocab[a], vocab[b], a, b) for (a, b), c in pair_counts.items()]
+    heap = [(-c, key(vocab[a]), key(vocab[b]), a, b) for (a, b), c in pair_counts.items()]
     heapq.heapify(heap)
     merges = []
     while len(vocab) < vocab_size:
@@ -263,5 +307,5 @@ def train_bpe(text_or_path: str | os.PathLike, vocab_size: int,
         merges.append((vocab[best[0]], vocab[best[1]]))
         for p in _apply_merge(best, new_id, words, freqs, pair_counts, pair_words):
             if p in pair_counts:
-                heapq.heappush(heap, (-pair_counts[p], vocab[p[0]], vocab[p[1]], *p))
+                heapq.heappush(heap, (-pair_counts[p], key(vocab[p[0]]), key(vocab[p[1]]), *p))
     return vocab, merges
