@@ -179,11 +179,75 @@ targets = torch.randint(0, V, (B, T), generator=gen)
 formula = (softmax(logits64.detach()) - F.one_hot(targets, V)) / (B * T)  # (B, T, V)
 grad_checks = Checks("dCE/dz = (p - y) / N")
 grad_checks.close("autograd vs (p - y)/N, float64", formula, grad, tol=1e-15)
-grad_checks.true("gradcheck(cross_entropy), float64",
-                 torch.autograd.gradcheck(lambda t: cross_entropy(t, targets), (logits64,)))
-grad_checks.true("gradcheck(softmax), float64",
-                 torch.autograd.gradcheck(lambda t: softmax(t, dim=1), (logits64,)))
+# and autograd against a central difference along a random direction u, step h = 1e-5:
+# (f(z + h u) - f(z - h u)) / 2h = <grad f, u> + O(h^2)
+u_dir = torch.randn(B, T, V, generator=gen, dtype=torch.float64)
+with torch.no_grad():
+    ce_plus = cross_entropy(logits64 + 1e-5 * u_dir, targets)
+    ce_minus = cross_entropy(logits64 - 1e-5 * u_dir, targets)
+grad_checks.close("<grad, u> vs central difference", (grad * u_dir).sum(), (ce_plus - ce_minus) / 2e-5,
+                  tol=1e-8)
 grad_checks
+
+# %% [markdown]
+# ## The Jacobian of the softmax
+#
+# The gradient above went straight from the loss to the logits. Later chapters also need
+# the derivative of the softmax itself, the $V \times V$ Jacobian $J_{ij} = \partial p_i /
+# \partial z_j$: chapter 4 uses it to explain why a saturated attention row stops learning,
+# and chapter 8 to write the softmax's backward pass by hand. Differentiating
+# $p_i = e^{z_i} / \sum_k e^{z_k}$ by the quotient rule gives $p_i(1 - p_i)$ on the diagonal
+# and $-p_i p_j$ off it, that is
+#
+# $$ J = \frac{\partial p}{\partial z} = \operatorname{diag}(p) - p\,p^\top . $$
+#
+# SymPy differentiates the softmax of four symbolic logits and compares the result, entry
+# by entry, with that matrix:
+
+# %%
+p_vec = sp.Matrix(sym_softmax(z))  # (4, 1)
+J_sym = p_vec.jacobian(z)  # (4, 4): d p_i / d z_j, by differentiation
+J_formula = sp.diag(*p_vec) - p_vec * p_vec.T
+assert sp.simplify(J_sym - J_formula) == sp.zeros(V4, V4)
+display(Math(r"\frac{\partial p_1}{\partial z_1} = " + sp.latex(sp.factor(J_sym[0, 0]))
+             + r" = p_1 (1 - p_1), \qquad \frac{\partial p_1}{\partial z_2} = "
+             + sp.latex(sp.factor(J_sym[0, 1])) + r" = -p_1 p_2"))
+print("d softmax(z) / dz = diag(p) - p p^T for all 16 entries (V = 4)")
+
+# %% [markdown]
+# Three consequences, each visible in the formula and checked below in float64 against
+# `torch.autograd.functional.jacobian` applied to the package's `softmax`:
+#
+# * every row of $J$ sums to zero, $J\mathbf{1} = p - p\,(p^\top \mathbf{1}) = 0$: moving all
+#   logits together changes nothing, which is the shift invariance again;
+# * $J$ is also the **Hessian of the cross-entropy** in $z$, because the gradient is
+#   $p - \mathbf{y}$ and $\mathbf{y}$ does not depend on $z$. It is positive semi-definite:
+#   $v^\top J v = \sum_i p_i v_i^2 - (\sum_i p_i v_i)^2$ is the variance of the values $v_i$
+#   under $p$, never negative. So the loss is convex in the logits, flat only along
+#   $\mathbf{1}$;
+# * at a one-hot $p$ (a **saturated** softmax) every entry $p_i(\delta_{ij} - p_j)$ is
+#   zero: no gradient passes back through it, whatever the loss.
+
+# %%
+z_vec = torch.randn(7, generator=gen, dtype=torch.float64)  # V = 7
+J_auto = torch.autograd.functional.jacobian(softmax, z_vec)  # (7, 7)
+p_z = softmax(z_vec)
+H_auto = torch.autograd.functional.hessian(lambda t: cross_entropy(t[None], torch.tensor([3])), z_vec)
+saturated = softmax(torch.tensor([40.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64))
+J_sat = torch.diag(saturated) - torch.outer(saturated, saturated)
+jac_checks = Checks("softmax Jacobian diag(p) - p p^T, V = 7, float64")
+jac_checks.close("autograd jacobian vs formula", torch.diag(p_z) - torch.outer(p_z, p_z), J_auto,
+                 tol=1e-15)
+jac_checks.close("rows sum to 0", torch.zeros(7), J_auto.sum(1), tol=1e-15)
+jac_checks.close("Hessian of CE (y = 3) vs formula", torch.diag(p_z) - torch.outer(p_z, p_z), H_auto,
+                 tol=1e-15)
+v_rand = torch.randn(7, generator=gen, dtype=torch.float64)
+variance_under_p = (p_z * v_rand**2).sum() - (p_z * v_rand).sum() ** 2  # Var_p(v) >= 0
+jac_checks.close("v^T J v vs variance of v under p", variance_under_p, v_rand @ J_auto @ v_rand, tol=1e-15)
+jac_checks.close("smallest eigenvalue (direction 1)", 0.0, torch.linalg.eigvalsh(J_auto).min(), tol=1e-15)
+jac_checks.true("max |J| at logits (40, 0, ..., 0) < 1e-16", J_sat.abs().max() < 1e-16,
+                got=f"{J_sat.abs().max().item():.1e}")
+jac_checks
 
 # %% [markdown]
 # ## Log-sum-exp: the stable way
@@ -266,16 +330,27 @@ for dtype, tol in ((torch.float32, 1e-6), (torch.float64, 1e-12)):
     agree(checks, f"cross_entropy, {name}", cross_entropy(zz, yy),
           F.cross_entropy(zz.reshape(-1, 50), yy.reshape(-1)), tol)
 y_ext = torch.tensor([1, 2])
-checks.true("softmax finite at ±1e4", bool(torch.isfinite(softmax(extreme)).all()))
-checks.true("log_softmax finite at ±1e4", bool(torch.isfinite(log_softmax(extreme)).all()))
+for fn in (softmax, log_softmax):
+    n_finite = int(torch.isfinite(fn(extreme)).sum())
+    checks.true(f"{fn.__name__} finite at ±1e4", n_finite == extreme.numel(),
+                got=f"{n_finite}/{extreme.numel()} finite")
 agree(checks, "log_softmax at ±1e4", log_softmax(extreme), torch.log_softmax(extreme, -1), 1e-6)
 agree(checks, "cross_entropy at ±1e4", cross_entropy(extreme, y_ext), F.cross_entropy(extreme, y_ext), 1e-6)
 checks
 
 # %% [markdown]
-# (Errors are measured relative to the reference where it exceeds 1 in magnitude: a
-# float32 log-probability near $-30$ is stored only to about $4 \times 10^{-6}$, by
-# either implementation.)
+# Errors are measured relative to the reference where it exceeds 1 in magnitude, because
+# a float32 number near 30 is stored only to the spacing of float32 there, $2^{-19}$, the
+# same for either implementation. NumPy's `spacing` gives the distance to the next float:
+
+# %%
+for value in (1.0, 30.0, 1e4):
+    gap = float(np.spacing(np.float32(value)))
+    print(f"float32 spacing at {value:>7g}: {gap:.4g} = 2^{round(math.log2(gap))}")
+
+# %% [markdown]
+# (At $10^4$ the spacing is about $10^{-3}$: that is why `log_softmax` above subtracts the
+# max before the log-sum-exp.)
 #
 # ## Perplexity: the effective branching factor
 #
@@ -295,7 +370,7 @@ for m_choices in (1, 5, 50):
     yy = torch.arange(6) % m_choices  # always one of them
     ppl_checks.close(f"uniform over m = {m_choices} of V = 50", m_choices, perplexity(zz, yy), tol=1e-12)
 ppl_checks.close("all-zero logits, V = 50257", 50257, perplexity(torch.zeros(3, 50257, dtype=torch.float64), torch.tensor([0, 7, 50256])),
-                 tol=1e-12, rel=True)
+                 tol=1e-12, rel=True, digits=7)
 ppl_checks
 
 # %% [markdown]
@@ -381,7 +456,7 @@ stderr = nll[: len(nll) // 100 * 100].reshape(100, -1).mean(1).std(ddof=1) / 10
 print(f"Monte-Carlo estimate {nll.mean():.4f} ± {stderr:.4f}  vs exact {H:.4f}")
 mc_checks = Checks("MarkovSource: default source")
 mc_checks.close("Monte-Carlo entropy rate (4 s.e.)", H, nll.mean(), tol=4 * stderr)
-mc_checks.true("pi is stationary (residual < 1e-14)", source.stationary_residual() < 1e-14)
+mc_checks.close("stationarity residual |pi P - pi|_1", 0.0, source.stationary_residual(), tol=1e-14)
 mc_checks.equal("same seed, same sample", source.sample(1000, seed=5), source.sample(1000, seed=5))
 mc_checks
 
@@ -464,25 +539,48 @@ for n in orders:
 # when its held-out loss approaches $H = 1.6184$ nats/token, and the n-gram curve shows
 # how much data a model that knows the right context length needs to get there.
 #
+# ## Summary
+#
+# * The chain rule $P(x_{1:T}) = \prod_t P(x_t \mid x_{<t})$ holds for every distribution,
+#   so a next-token predictor is a complete model of text; maximum likelihood is minimum
+#   cross-entropy, and for a categorical distribution its solution is the empirical
+#   frequency (derived with a Lagrange multiplier).
+# * The softmax is shift invariant. The gradient of the cross-entropy in the logits is
+#   $p - \mathbf{y}$, and the softmax Jacobian, which is also the loss's Hessian, is
+#   $\operatorname{diag}(p) - pp^\top$: positive semi-definite, flat along $\mathbf{1}$,
+#   zero at a saturated (one-hot) $p$. All are derived in SymPy and checked against
+#   autograd in float64.
+# * Subtracting the max makes `softmax`, `log_softmax`, `logsumexp` and `cross_entropy`
+#   finite at logits of $\pm 10^4$; they agree with PyTorch's to round-off relative to the
+#   float32 spacing (about $2^{-19}$ near 30).
+# * Perplexity $e^{\text{cross-entropy}}$ is an effective number of choices.
+# * The synthetic Markov source has an exact entropy rate $H = 1.6184$ nats/token, the
+#   floor for every model trained on it; an order-matched n-gram reaches it with a few
+#   million tokens, and models with too short a context never do.
+#
 # ## Exercises
 #
 # Reference solutions are in `notebooks/solutions/03_language_modelling.py`, checked by
 # `tests/test_solutions_03.py`.
 #
-# 1. **(Derive, ★)** Show with SymPy, for $V = 3$, that the Hessian of
-#    $\ell = -\log \operatorname{softmax}(z)_y$ with respect to $z$ is
-#    $\operatorname{diag}(p) - p p^\top$, whatever $y$ is. Check it against
-#    `torch.autograd.functional.hessian` in float64 for $V = 5$. Why does this make the
-#    loss convex in $z$, and which direction has zero curvature?
-# 2. **(Implement, ★)** Label smoothing trains against the target
+# 1. (★★) **The shift needs no gradient.** `logsumexp` detaches its shift $m = \max_j z_j$.
+#    Show that it may: with SymPy, for $V = 3$, let $m(z_1, z_2, z_3)$ be an *arbitrary*
+#    differentiable function (a `sympy.Function`) and show that
+#    $\partial / \partial z_i\,[\,m + \log \sum_j e^{z_j - m}\,] = \operatorname{softmax}(z)_i$:
+#    the terms in $\partial m / \partial z_i$ cancel. Then write a log-sum-exp that does *not*
+#    detach the max and check in float64 that autograd's gradient of both equals
+#    `softmax(z)`, for random logits and for logits with a tied maximum, where the gradient
+#    of `max` itself is split between the tied entries.
+# 2. (★) **Label smoothing.** Label smoothing trains against the target
 #    $(1 - \varepsilon)\mathbf{y} + \varepsilon / V$ instead of $\mathbf{y}$. Write
 #    `label_smoothed_cross_entropy(logits, targets, epsilon)` with `log_softmax` and match
 #    `F.cross_entropy(..., label_smoothing=epsilon)` to $10^{-12}$ in float64.
-# 3. **(Explore, ★★)** The unigram and bigram curves in the figure flatten out. Compute
-#    their limits exactly from `source.stationary` and `source.transition`: with unlimited
-#    data an order-$n$ model's cross-entropy is the conditional entropy
-#    $H(X_t \mid X_{t-n+1}, \dots, X_{t-1}) = H(\text{$n$-block}) - H(\text{$(n-1)$-block})$
+# 3. (★★) **Where the flat curves end.** The unigram and bigram curves in the figure flatten
+#    out. Compute their limits exactly from `source.stationary` and `source.transition`: with
+#    unlimited data an order-$n$ model's cross-entropy is the conditional entropy
+#    $H(X_t \mid X_{t-n+1}, \dots, X_{t-1}) = H_n - H_{n-1}$, where $H_n$ is the entropy of an $n$-block
 #    of the stationary chain. Compare with the printed table.
-# 4. **(Derive, ★★)** Show with SymPy that for distributions $q, p$ on three outcomes,
-#    $H(q, p) = H(q) + \mathrm{KL}(q \,\|\, p)$, and that the KL term is zero at $p = q$
-#    and positive elsewhere on a grid. This is why the entropy rate is a floor.
+# 4. (★★) **Cross-entropy is entropy plus KL.** Show with SymPy that for distributions
+#    $q, p$ on three outcomes, $H(q, p) = H(q) + \mathrm{KL}(q \,\|\, p)$, and that the KL
+#    term is zero at $p = q$ and positive elsewhere on a grid. This is why the entropy rate
+#    is a floor.

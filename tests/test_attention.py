@@ -13,6 +13,7 @@ from llmbook.transformer.attention import (
     attention_flops,
     attention_weights,
     causal_mask,
+    minimal_multi_head_attention,
     scaled_dot_product_attention,
 )
 
@@ -359,8 +360,12 @@ def test_mha_shapes_names_and_config_errors():
         MultiHeadAttention(12, 6, 0)
     with pytest.raises(TypeError, match="n_heads must be an int"):
         MultiHeadAttention(12, 2.0)
-    with pytest.raises(ValueError, match=r"x must have shape \(B, T, d_model=10\), got \(3, 10\)"):
-        mha(torch.ones(3, 10))
+    with pytest.raises(ValueError, match=r"x must have shape \(..., T, d_model=10\), got \(3, 9\)"):
+        mha(torch.ones(3, 9))
+    with pytest.raises(ValueError, match=r"x must have shape \(..., T, d_model=10\), got \(10,\)"):
+        mha(torch.ones(10))
+    with pytest.raises(TypeError, match="x must be a floating-point tensor, got torch.int64"):
+        mha(torch.ones(2, 3, 10, dtype=torch.long))
     with pytest.raises(ValueError, match=r"mask of shape \(2, 2\) does not broadcast .* \(2, 4, 3, 3\)"):
         mha(torch.ones(2, 3, 10), mask=torch.ones(2, 2, dtype=torch.bool))
     with pytest.raises(TypeError, match="mask must be a boolean tensor .* pass an additive float mask as attn_bias"):
@@ -369,6 +374,110 @@ def test_mha_shapes_names_and_config_errors():
         mha(torch.ones(2, 3, 10), attn_bias=torch.zeros(3, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"mask of shape \(5, 3, 3\) does not broadcast"):
         mha(torch.ones(2, 3, 10), attn_bias=torch.zeros(5, 3, 3))
+
+
+def test_mha_accepts_any_leading_dimensions():
+    """A (2, 3, T, d) input equals running each (T, d) slice alone, with GQA, masks and RoPE."""
+    from llmbook.transformer.positional import RotaryEmbedding
+
+    g = torch.Generator().manual_seed(10)
+    T, d, H, H_kv = 5, 12, 4, 2  # non-square: T != d, d_head = 3
+    mha = MultiHeadAttention(d, H, H_kv, d_head=4, qkv_bias=True, dtype=torch.float64)
+    x = randn(2, 3, T, d, g=g, dtype=torch.float64)
+    rope = RotaryEmbedding(4, max_seq_len=32, dtype=torch.float64)
+    per_row = torch.tensor([[3, 4, 5, 6, 7], [0, 2, 4, 6, 8]])  # (B, T): one row per x[b]
+    for fused in (False, True):
+        mha.fused = fused
+        y = mha(x)
+        assert y.shape == (2, 3, T, d)
+        for b in range(2):
+            for c in range(3):
+                slice_ = x[b, c]  # (T, d): unbatched, as torch allows
+                assert torch.allclose(y[b, c], mha(slice_), rtol=0, atol=1e-14)
+                assert torch.allclose(y[b, c], mha(slice_[None])[0], rtol=0, atol=1e-14)
+                assert torch.allclose(y[b, c], mha(x[b])[c], rtol=0, atol=1e-14)
+                assert torch.allclose(mha(x, positions=per_row, rope=rope)[b, c],
+                                      mha(slice_, positions=per_row[b], rope=rope), rtol=0, atol=1e-14)
+        shared = torch.arange(2, 2 + T)
+        assert torch.allclose(mha(x, positions=shared, rope=rope),
+                              mha(x, positions=shared[None], rope=rope), rtol=0, atol=0)
+        assert not torch.allclose(mha(x, positions=shared, rope=rope), y)
+        # a mask over the leading dimensions: slice (1, 2) sees only its first 2 keys
+        mask = torch.ones(2, 3, 1, 1, T, dtype=torch.bool)
+        mask[1, 2, ..., 2:] = False
+        y_m = mha(x, mask=mask)
+        assert torch.allclose(y_m[1, 2, :2], mha(x[1, 2, :2]), rtol=0, atol=1e-14)
+        assert torch.allclose(y_m[0], y[0], rtol=0, atol=1e-14)
+        # a bias per leading slice, ALiBi-like
+        bias = randn(2, 3, H, T, T, g=g, dtype=torch.float64)
+        assert torch.allclose(mha(x, attn_bias=bias)[0, 1], mha(x[0, 1], attn_bias=bias[0, 1]),
+                              rtol=0, atol=1e-14)
+    mha.fused = False
+    with pytest.raises(ValueError, match=r"positions must have shape \(T,\), \(1, T\) or \(B, T\)"):
+        mha(x, positions=torch.arange(T).expand(3, T), rope=rope)
+    with pytest.raises(ValueError, match=r"positions must have shape .* got \(4,\)"):
+        mha(x, positions=torch.arange(4), rope=rope)
+    with pytest.raises(ValueError, match=r"positions must have shape .* got \(2, 5\)"):
+        mha(x[0, 0], positions=per_row, rope=rope)  # no batch dimension to match
+    with pytest.raises(TypeError, match="positions must be a torch.Tensor, got list"):
+        mha(x, positions=[0, 1, 2, 3, 4], rope=rope)
+    with pytest.raises(ValueError, match=r"mask of shape \(2, 1, 1, 5\) does not broadcast .* \(2, 3, 4, 5, 5\)"):
+        mha(x, mask=torch.ones(2, 1, 1, T, dtype=torch.bool))  # would need (2, 1, 1, 1, T)
+    with pytest.raises(ValueError, match=r"with a cache, x must have shape \(B, T, d_model=12\), got \(2, 3, 5, 12\)"):
+        mha(x, cache=object())
+
+
+def _minimal_weights(mha):
+    """The module's weights in the x @ W convention of minimal_multi_head_attention."""
+    return [lin.weight.T for lin in (mha.q_proj, mha.k_proj, mha.v_proj, mha.o_proj)]
+
+
+@pytest.mark.parametrize("lead", [(), (1,), (3,), (2, 3)])
+@pytest.mark.parametrize("T, d, H", [(1, 4, 1), (7, 12, 3), (5, 8, 4), (9, 6, 2)])
+def test_minimal_mha_equals_module_and_torch_sdpa(lead, T, d, H):
+    g = torch.Generator().manual_seed(11 + T + d + H)
+    mha = MultiHeadAttention(d, H, dtype=torch.float64)
+    with torch.no_grad():
+        for p in mha.parameters():
+            p.copy_(randn(*p.shape, g=g, dtype=torch.float64))  # unit-variance weights: peaked rows, a harder test than the default init
+    x = randn(*lead, T, d, g=g, dtype=torch.float64)
+    W_q, W_k, W_v, W_o = _minimal_weights(mha)
+    got = minimal_multi_head_attention(x, W_q, W_k, W_v, W_o, H)
+    assert got.shape == (*lead, T, d)
+    with torch.no_grad():
+        assert torch.allclose(got, mha(x), rtol=0, atol=1e-12)
+        mha.fused = True
+        assert torch.allclose(got, mha(x), rtol=0, atol=1e-12)
+    # torch's fused attention on the same projections, heads split by hand
+    d_head = d // H
+    q, k, v = ((x @ W).unflatten(-1, (H, d_head)).transpose(-3, -2) for W in (W_q, W_k, W_v))
+    z = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(-3, -2).flatten(-2)
+    assert torch.allclose(got, z @ W_o, rtol=0, atol=1e-12)
+
+
+def test_minimal_mha_is_causal_and_rejects_bad_input():
+    g = torch.Generator().manual_seed(12)
+    d, H, T = 6, 2, 4
+    W = [randn(d, d, g=g, dtype=torch.float64) for _ in range(4)]
+    x = randn(T, d, g=g, dtype=torch.float64)
+    x2 = x.clone()
+    x2[-1] += 1.0
+    y, y2 = minimal_multi_head_attention(x, *W, H), minimal_multi_head_attention(x2, *W, H)
+    assert torch.equal(y[:-1], y2[:-1]) and not torch.allclose(y[-1], y2[-1])
+    with pytest.raises(ValueError, match="n_heads must be a positive int, got 0"):
+        minimal_multi_head_attention(x, *W, 0)
+    with pytest.raises(ValueError, match="width of W_q, 6, is not divisible by n_heads=4"):
+        minimal_multi_head_attention(x, *W, 4)
+    with pytest.raises(TypeError, match=r"x must be a floating-point tensor of shape \(..., T, d\)"):
+        minimal_multi_head_attention(torch.ones(T, d, dtype=torch.long), *W, H)
+    with pytest.raises(TypeError, match=r"x must be a floating-point tensor .* got .* shape \(6,\)"):
+        minimal_multi_head_attention(x[0], *W, H)
+    with pytest.raises(ValueError, match=r"W_o must have shape \(6, 6\) .* got \(6, 5\)"):
+        minimal_multi_head_attention(x, *W[:3], W[3][:, :5], H)
+    with pytest.raises(ValueError, match=r"W_k must have shape \(6, 6\) .* got \(5, 6\)"):
+        minimal_multi_head_attention(x, W[0], W[1][:5], W[2], W[3], H)
+    with pytest.raises(TypeError, match="W_v must be a 2-d tensor, got list"):
+        minimal_multi_head_attention(x, W[0], W[1], [[1.0]], W[3], H)
 
 
 # ---------------------------------------------------------------- cost

@@ -11,23 +11,30 @@ import torch.nn.functional as F
 from solution_loader import load_solutions
 
 from llmbook.text.data import default_source
+from llmbook.text.functional import logsumexp, softmax
 from llmbook.text.ngram import NGramModel
 
 solutions = load_solutions("03_language_modelling")
 
 
-def test_exercise_1_hessian_symbolic_and_autograd() -> None:
-    hessian, formula = solutions.cross_entropy_hessian_symbolic(3)
-    assert hessian.shape == (3, 3)
-    assert sp.simplify(hessian - formula) == sp.zeros(3, 3)
-    z = torch.tensor([0.3, -1.2, 2.0, 0.1, -0.4], dtype=torch.float64)
-    for y in (0, 3):
-        auto = torch.autograd.functional.hessian(
-            lambda t, y=y: F.cross_entropy(t[None], torch.tensor([y])), z)
-        assert (auto - solutions.cross_entropy_hessian(z)).abs().max() < 1e-14
-    h = solutions.cross_entropy_hessian(z)
-    assert torch.linalg.eigvalsh(h).min() > -1e-15  # positive semi-definite: CE is convex in z
-    assert h.sum(1).abs().max() < 1e-15  # the all-ones direction (a shift) costs nothing
+def test_exercise_1_the_shift_needs_no_gradient() -> None:
+    gradient, softmax_sym = solutions.shift_gradient_symbolic(3)
+    assert len(gradient) == 3
+    for g_i, p_i in zip(gradient, softmax_sym, strict=True):
+        assert g_i.has(sp.Derivative)  # the shift really depends on z ...
+        assert sp.simplify(g_i - p_i) == 0  # ... and its derivative cancels
+    for z in (torch.tensor([[0.3, -1.2, 2.0, 0.1, -0.4], [1.0, 5.0, -3.0, 0.0, 2.5]], dtype=torch.float64),
+              torch.tensor([[2.0, 2.0, -1.0, 0.5, 2.0]], dtype=torch.float64)):  # a three-way tie
+        z = z.requires_grad_()
+        (g_attached,) = torch.autograd.grad(solutions.logsumexp_attached(z).sum(), z)
+        (g_detached,) = torch.autograd.grad(logsumexp(z).sum(), z)
+        assert (g_attached - softmax(z.detach())).abs().max() < 1e-15
+        assert (g_detached - softmax(z.detach())).abs().max() < 1e-15
+        assert torch.allclose(solutions.logsumexp_attached(z), torch.logsumexp(z, -1), rtol=0, atol=1e-14)
+    # at the tie the max's own gradient is split, so the cancellation is not trivial there
+    tied = torch.tensor([2.0, 2.0, -1.0, 0.5, 2.0], dtype=torch.float64, requires_grad=True)
+    (g_max,) = torch.autograd.grad(tied.amax(), tied)
+    assert torch.allclose(g_max, torch.tensor([1, 1, 0, 0, 1], dtype=torch.float64) / 3)
 
 
 def test_exercise_2_label_smoothing_matches_torch() -> None:

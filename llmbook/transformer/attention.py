@@ -29,7 +29,10 @@ Contents:
 * :func:`causal_mask` - the boolean lower-triangular mask, with an offset;
 * :func:`attention_weights` - A = softmax(Q K^T * scale + mask), rows summing to 1;
 * :func:`scaled_dot_product_attention` - A V;
-* :class:`MultiHeadAttention` - projections, heads, GQA, an optional rotary embedding;
+* :func:`minimal_multi_head_attention` - causal multi-head attention in a dozen lines, the
+  teaching version of :class:`MultiHeadAttention`;
+* :class:`MultiHeadAttention` - projections, heads, GQA, an optional rotary embedding, any
+  leading batch dimensions;
 * :func:`attention_flops` - the closed-form multiply-add count of one attention layer.
 """
 
@@ -51,6 +54,7 @@ __all__ = [
     "attention_flops",
     "attention_weights",
     "causal_mask",
+    "minimal_multi_head_attention",
     "scaled_dot_product_attention",
 ]
 
@@ -187,6 +191,50 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     return weights @ v  # (..., T_q, d_v)
 
 
+def _check_minimal_args(x: object, weights: dict[str, object], n_heads: object) -> None:
+    if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
+        raise ValueError(f"n_heads must be a positive int, got {n_heads!r}")
+    if not isinstance(x, Tensor) or not x.is_floating_point() or x.ndim < 2:
+        got = f"{x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+        raise TypeError(f"x must be a floating-point tensor of shape (..., T, d), got {got}")
+    d = x.shape[-1]
+    for name, w in weights.items():
+        if not isinstance(w, Tensor) or w.ndim != 2:
+            got = tuple(w.shape) if isinstance(w, Tensor) else type(w).__name__
+            raise TypeError(f"{name} must be a 2-d tensor, got {got}")
+    D = weights["W_q"].shape[1]
+    for name, want in (("W_q", (d, D)), ("W_k", (d, D)), ("W_v", (d, D)), ("W_o", (D, d))):
+        if tuple(weights[name].shape) != want:
+            raise ValueError(f"{name} must have shape {want} for x of shape {tuple(x.shape)} and "
+                             f"W_q of shape {tuple(weights['W_q'].shape)}, got "
+                             f"{tuple(weights[name].shape)}")
+    if D % n_heads != 0:
+        raise ValueError(f"the width of W_q, {D}, is not divisible by n_heads={n_heads}")
+
+
+def minimal_multi_head_attention(x: Tensor, W_q: Tensor, W_k: Tensor, W_v: Tensor, W_o: Tensor,
+                                 n_heads: int) -> Tensor:
+    """Causal multi-head self-attention in its shortest form, the teaching version.
+
+    Vaswani et al. (2017), section 3.2.2, with the book's conventions: ``x`` (..., T, d),
+    ``W_q``, ``W_k``, ``W_v`` (d, D) with D = n_heads d_head, ``W_o`` (D, d); no biases, no
+    cache, no grouped heads, no fused kernel. Returns (..., T, d). Equal to
+    :class:`MultiHeadAttention` with ``q_proj.weight = W_q.T`` and so on (tested).
+    """
+    _check_minimal_args(x, {"W_q": W_q, "W_k": W_k, "W_v": W_v, "W_o": W_o}, n_heads)
+    T, d_head = x.shape[-2], W_q.shape[1] // n_heads
+
+    def split(t: Tensor) -> Tensor:  # (..., T, D) -> (..., H, T, d_head)
+        return t.unflatten(-1, (n_heads, d_head)).transpose(-3, -2)
+
+    q, k, v = split(x @ W_q), split(x @ W_k), split(x @ W_v)  # (..., H, T, d_head)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_head)  # (..., H, T, T)
+    future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)  # j > i
+    weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    z = (weights @ v).transpose(-3, -2).flatten(-2)  # (..., T, D): heads side by side
+    return z @ W_o  # (..., T, d)
+
+
 Rope = Callable[[Tensor, Tensor], Tensor]
 
 
@@ -241,27 +289,43 @@ class MultiHeadAttention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.d_head, d_model, bias=out_bias, **kw)
 
     def split_heads(self, x: Tensor, n: int) -> Tensor:
-        """(B, T, n d_head) -> (B, n, T, d_head): a view and a transpose, no copy."""
-        B, T, _ = x.shape
-        return x.view(B, T, n, self.d_head).transpose(1, 2)  # (B, n, T, d_head)
+        """(..., T, n d_head) -> (..., n, T, d_head): a view and a transpose, no copy."""
+        return x.unflatten(-1, (n, self.d_head)).transpose(-3, -2)  # (..., n, T, d_head)
+
+    def _check_x_and_positions(self, x: object, positions: object) -> None:
+        if not isinstance(x, Tensor) or x.ndim < 2 or x.shape[-1] != self.d_model:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x must have shape (..., T, d_model={self.d_model}), got {shape}")
+        if not x.is_floating_point():
+            raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
+        if positions is None:
+            return
+        if not isinstance(positions, Tensor):
+            raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+        T = x.shape[-2]
+        allowed = [(T,), (1, T)] + ([(x.shape[0], T)] if x.ndim >= 3 else [])
+        if tuple(positions.shape) not in allowed:
+            raise ValueError(f"positions must have shape (T,), (1, T) or (B, T) with B = x.shape[0] "
+                             f"(x of shape {tuple(x.shape)} allows {allowed}), got "
+                             f"{tuple(positions.shape)}")
 
     def project_qkv(self, x: Tensor, positions: Tensor | None = None,
                     rope: Rope | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries (B, H, T, d_head) and keys, values (B, H_kv, T, d_head) for x (B, T, d_model).
+        """Queries (..., H, T, d_head) and keys, values (..., H_kv, T, d_head) for x (..., T, d_model).
 
-        ``rope(t, positions)`` (chapter 5's ``RotaryEmbedding`` has this signature), if
-        given, rotates the queries and keys; ``positions`` (T,) or (B, T) defaults to
+        Any leading dimensions work, as in torch: (T, d_model), (B, T, d_model),
+        (B, C, T, d_model), ... ``rope(t, positions)`` (chapter 5's ``RotaryEmbedding`` has
+        this signature), if given, rotates the queries and keys; ``positions`` (T,), (1, T)
+        or (B, T) with B = x.shape[0] (one row per entry of the first dimension) defaults to
         0, 1, ..., T-1.
         """
-        if not isinstance(x, Tensor) or x.ndim != 3 or x.shape[-1] != self.d_model:
-            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"x must have shape (B, T, d_model={self.d_model}), got {shape}")
-        q = self.split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, d_head)
-        k = self.split_heads(self.k_proj(x), self.n_kv_heads)  # (B, H_kv, T, d_head)
-        v = self.split_heads(self.v_proj(x), self.n_kv_heads)  # (B, H_kv, T, d_head)
+        self._check_x_and_positions(x, positions)
+        q = self.split_heads(self.q_proj(x), self.n_heads)  # (..., H, T, d_head)
+        k = self.split_heads(self.k_proj(x), self.n_kv_heads)  # (..., H_kv, T, d_head)
+        v = self.split_heads(self.v_proj(x), self.n_kv_heads)  # (..., H_kv, T, d_head)
         if rope is not None:
             if positions is None:
-                positions = torch.arange(x.shape[1], device=x.device)  # (T,)
+                positions = torch.arange(x.shape[-2], device=x.device)  # (T,)
             q, k = rope(q, positions), rope(k, positions)
         return q, k, v
 
@@ -269,33 +333,38 @@ class MultiHeadAttention(nn.Module):
                 mask: Tensor | None = None, is_causal: bool = True,
                 attn_bias: Tensor | None = None, cache: AttentionCache | None = None,
                 layer: int = 0) -> Tensor:
-        """Self-attention of x (B, T, d_model) -> (B, T, d_model).
+        """Self-attention of x (..., T, d_model) -> (..., T, d_model), usually (B, T, d_model).
 
-        ``is_causal`` (default True, a decoder) lets position i see positions j <= i.
-        ``mask`` (boolean, True = may attend, broadcasting to (B, H, T, T_k)), e.g. a padding
+        Any leading dimensions work, as in torch; each (T, d_model) slice attends within
+        itself. ``is_causal`` (default True, a decoder) lets position i see positions j <= i.
+        ``mask`` (boolean, True = may attend, broadcasting to (..., H, T, T_k)), e.g. a padding
         mask, is combined with the causal mask by logical and. ``attn_bias`` (float,
-        broadcasting to (B, H, T, T_k)) is added to the scaled scores, e.g. ALiBi's -m_h (i - j).
+        broadcasting to (..., H, T, T_k)) is added to the scaled scores, e.g. ALiBi's -m_h (i - j).
         ``positions`` and ``rope`` as in :meth:`project_qkv`. With a ``cache``
-        (:class:`~llmbook.inference.kvcache.KVCache`, chapter 12) the new keys and values are appended
-        to those of ``layer`` and the T queries attend over all T_k cached positions with
-        the bottom-right aligned causal mask; without one, T_k = T.
+        (:class:`~llmbook.inference.kvcache.KVCache`, chapter 12; x must then be (B, T, d_model))
+        the new keys and values are appended to those of ``layer`` and the T queries attend over
+        all T_k cached positions with the bottom-right aligned causal mask; without one, T_k = T.
         """
+        if cache is not None and isinstance(x, Tensor) and x.ndim != 3:
+            raise ValueError(f"with a cache, x must have shape (B, T, d_model={self.d_model}), "
+                             f"got {tuple(x.shape)}")
         q, k, v = self.project_qkv(x, positions, rope)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H_kv, T_k, d_head): cached + new
-        B, _, T, _ = q.shape
-        T_k = k.shape[2]
+        lead, T = q.shape[:-3], q.shape[-2]
+        T_k = k.shape[-2]
+        scores_shape = (*lead, self.n_heads, T, T_k)
         if mask is not None:
             if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
                 raise TypeError(f"mask must be a boolean tensor (True = may attend), got "
                                 f"{getattr(mask, 'dtype', type(mask).__name__)}; pass an "
                                 f"additive float mask as attn_bias")
-            _check_mask(mask, (B, self.n_heads, T, T_k))
+            _check_mask(mask, scores_shape)
         if attn_bias is not None:
             if not isinstance(attn_bias, Tensor) or not attn_bias.is_floating_point():
                 raise TypeError(f"attn_bias must be a floating-point tensor added to the scores, "
                                 f"got {getattr(attn_bias, 'dtype', type(attn_bias).__name__)}")
-            _check_mask(attn_bias, (B, self.n_heads, T, T_k))
+            _check_mask(attn_bias, scores_shape)
         if is_causal:
             causal = causal_mask(T, T_k, offset=T_k - T, device=x.device)  # (T, T_k)
             mask = causal if mask is None else mask & causal
@@ -305,13 +374,13 @@ class MultiHeadAttention(nn.Module):
         groups = self.n_heads // self.n_kv_heads
         if self.fused:
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
-                                               enable_gqa=groups > 1)  # (B, H, T, d_head)
+                                               enable_gqa=groups > 1)  # (..., H, T, d_head)
         else:
-            k = k.repeat_interleave(groups, dim=1)  # (B, H, T_k, d_head): head h uses h // groups
-            v = v.repeat_interleave(groups, dim=1)
+            k = k.repeat_interleave(groups, dim=-3)  # (..., H, T_k, d_head): head h uses h // groups
+            v = v.repeat_interleave(groups, dim=-3)
             z = scaled_dot_product_attention(q, k, v, mask=mask, scale=self.scale)
-        z = z.transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # (B, T, H d_head)
-        return self.o_proj(z)  # (B, T, d_model)
+        z = z.transpose(-3, -2).flatten(-2)  # (..., T, H d_head)
+        return self.o_proj(z)  # (..., T, d_model)
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "

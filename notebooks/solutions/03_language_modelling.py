@@ -10,27 +10,34 @@ import sympy as sp
 import torch
 
 from llmbook.text.data import MarkovSource
-from llmbook.text.functional import log_softmax, softmax
+from llmbook.text.functional import log_softmax
 
 
-def cross_entropy_hessian_symbolic(v: int = 3) -> tuple[sp.Matrix, sp.Matrix]:
-    """Exercise 1: the Hessian of ``-log softmax(z)_y`` in z, by SymPy, for ``V = v``.
+def shift_gradient_symbolic(v: int = 3) -> tuple[list[sp.Expr], list[sp.Expr]]:
+    """Exercise 1: the gradient of ``m(z) + log sum_j exp(z_j - m(z))`` for an arbitrary m.
 
-    Returns ``(hessian, diag(p) - p p^T)``; the two are equal for every target y (the
-    Hessian does not depend on y, since the target enters the loss linearly in z).
+    ``m`` is an undefined SymPy function of all ``v`` logits, so the raw derivatives contain
+    ``Derivative(m, z_i)``. Returns ``(gradient, softmax)``, two lists of ``v`` expressions;
+    ``gradient[i] - softmax[i]`` simplifies to 0: the terms in dm/dz_i cancel, which is why
+    :func:`llmbook.text.functional.logsumexp` may detach its shift.
     """
     z = sp.symbols(f"z1:{v + 1}", real=True)
-    denom = sum(sp.exp(zi) for zi in z)
-    p = sp.Matrix([sp.exp(zi) / denom for zi in z])
-    loss = -(z[0] - sp.log(denom))  # target y = 0; any other y adds a term linear in z
-    hessian = sp.hessian(loss, z)
-    return hessian, sp.diag(*p) - p * p.T
+    m = sp.Function("m")(*z)
+    lse = m + sp.log(sum(sp.exp(zj - m) for zj in z))
+    gradient = [sp.diff(lse, zi) for zi in z]
+    denom = sum(sp.exp(zj) for zj in z)
+    return gradient, [sp.exp(zi) / denom for zi in z]
 
 
-def cross_entropy_hessian(logits: torch.Tensor) -> torch.Tensor:
-    """Exercise 1: ``diag(p) - p p^T`` for a ``(V,)`` logit vector: a ``(V, V)`` matrix."""
-    p = softmax(logits, dim=-1)
-    return torch.diag(p) - torch.outer(p, p)
+def logsumexp_attached(logits: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Exercise 1: log-sum-exp shifted by a max that is *not* detached: ``(..., V) -> (...)``.
+
+    Autograd then also differentiates through ``amax`` (whose gradient is split evenly
+    between tied maxima); the two contributions of the shift cancel, so the gradient is
+    still ``softmax(logits)``, up to round-off.
+    """
+    m = logits.amax(dim=dim, keepdim=True)  # (..., 1), gradient flows through it
+    return (m + torch.log(torch.exp(logits - m).sum(dim=dim, keepdim=True))).squeeze(dim)
 
 
 def label_smoothed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
