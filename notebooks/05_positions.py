@@ -23,6 +23,7 @@
 # an independent complex-number implementation, and against BLOOM's ALiBi.
 
 # %%
+import itertools
 import math
 
 import matplotlib.pyplot as plt
@@ -132,8 +133,9 @@ display(sp.Eq(pair.subs(p, p + k), sp.MatMul(M, pair, evaluate=False), evaluate=
 show_source(sinusoidal_positions)
 
 # %% [markdown]
-# The table against the formula evaluated by `sp.lambdify`, and the shift property for several
-# offsets (including a negative one) on a table of $T = 300$ positions and $d = 64$:
+# The float64 table against the formula evaluated by `sp.lambdify`, and the shift property for
+# several offsets (including a negative one) on a table of $T = 300$ positions and $d = 64$.
+# (A float32 table is the float64 one rounded once; section 5.4 shows why that order matters.)
 
 # %%
 pos_s, i_s, d_s = sp.symbols("p i d", nonnegative=True)
@@ -151,7 +153,6 @@ for k_ in (1, 7, 50):
     checks.close(f"PE[p + {k_}] = M_{k_} PE[p]", pe[k_:], pe[:-k_] @ Mk.T, tol=1e-13)
 checks.close("PE[p - 5] = M_-5 PE[p]", pe[:-5], pe[5:] @ sinusoidal_shift_matrix(-5, d_pe).T, tol=1e-13)
 checks.close("M_k orthogonal", torch.eye(d_pe, dtype=torch.float64), Mk.T @ Mk, tol=1e-14)
-checks.close("float32 table vs float64", pe, sinusoidal_positions(T_pe, d_pe), tol=1e-7)
 checks
 
 # %% [markdown]
@@ -395,15 +396,16 @@ checks.close("non-contiguous input vs Llama", q_hf, rope(qh.transpose(1, 2).cont
 checks.close("interleaved vs complex e^(i m theta) (float64)", rope_complex(x64, positions, base), rope64(x64, positions), tol=1e-12)
 checks.close("interleaved(x[perm])[inv] = half-split(x)", rope(qh, positions), rope_il(qh[..., perm], positions)[..., inv], tol=0)
 checks.close("R_m x via rope_matrix (m = 50)", rope_matrix(50, dk, base, interleaved=True) @ x64[0, 0, 0], rope64(x64[:1, :1, :1], torch.tensor([50]))[0, 0, 0], tol=1e-14)
-checks.true("the layouts differ without the permutation", bool((rope(qh, positions) - rope_il(qh, positions)).abs().max() > 0.1))
+layout_gap = (rope(qh, positions) - rope_il(qh, positions)).abs().max()
+checks.true("layouts differ unpermuted (max |diff| > 0.1)", bool(layout_gap > 0.1), got=layout_gap)
 checks
 
 # %% [markdown]
 # Now the property itself, numerically: shifting all positions by the same amount leaves every
 # score $q_i \cdot k_j$ unchanged, in both layouts; the scores of a shifted query alone do
 # change. In float64 the agreement is at round-off; in float32 it is limited by rounding the
-# angles $m\theta_j$ to float32, an error of up to about $m \cdot 6 \times 10^{-8}$ radians that
-# Hugging Face's tables share (the last check measures it over 2048 positions).
+# angles $m\theta_j$ to float32, an error that grows with the position and that Hugging Face's
+# tables share (measured in the next section).
 
 # %%
 def rope_scores(module, q, k, pos):
@@ -414,7 +416,6 @@ def rope_scores(module, q, k, pos):
 q64, k64 = qh.double()[:, :, 1:6], kh.double()[:, :, 1:6]  # (B, H, 5, d_k)
 q32, k32, pos5 = qh[:, :, 1:6], kh[:, :, 1:6], positions[:, 1:6]  # positions up to 101
 rope64_half = RotaryEmbedding(dk, theta=base, max_seq_len=512, dtype=torch.float64)
-r32, r64 = RotaryEmbedding(64, max_seq_len=2048), RotaryEmbedding(64, max_seq_len=2048, dtype=torch.float64)
 checks = Checks("RoPE scores depend only on offsets")
 for name, mod in [("half-split", rope64_half), ("interleaved", rope64)]:
     checks.close(f"{name} float64: shift positions by 250", rope_scores(mod, q64, k64, pos5),
@@ -424,8 +425,113 @@ checks.close("half-split float32: shift by 250", rope_scores(rope, q32, k32, pos
 moved = (rope64(q64, pos5 + 1) @ rope64(k64, pos5).transpose(-1, -2)
          - rope_scores(rope64, q64, k64, pos5)).abs().max()
 checks.true("shifting only the queries changes scores", bool(moved > 0.1), got=moved)
-checks.close("float32 vs float64 cos table, m < 2048", r64.cos, r32.cos, tol=2048 * 2**-23)
 checks
+
+# %% [markdown]
+# ### Float32 tables: the angle error grows with the position
+#
+# The float32 module computes its tables as Hugging Face's Llama does: the inverse frequency
+# $\hat\theta_j = 1/b^{2j/d_k}$ in float32 (a power, then a reciprocal: two roundings), then
+# the angle $\widehat{m\theta_j} = \mathrm{fl}(m\,\hat\theta_j)$ (a third), then its cosine and
+# sine. In the standard model of floating-point arithmetic each operation returns the exact
+# result times $(1 + \delta)$ with $|\delta| \le u = 2^{-24}$, the unit round-off of float32.
+# The position $m$ itself is exact (an integer below $2^{24}$). So the computed angle is
+# $m\theta_j(1+\delta_1)(1+\delta_2)(1+\delta_3)$, and its relative error is a multilinear
+# polynomial in the $\delta$'s, whose extremes over the box $|\delta_i| \le u$ lie at its
+# corners. SymPy expands the polynomial and evaluates all eight corners:
+
+# %%
+u_s = sp.Symbol("u", positive=True)
+deltas = sp.symbols("delta_1:4", real=True)
+rel_angle_err = sp.expand(sp.prod([1 + dl for dl in deltas]) - 1)  # (computed angle) / (m theta) - 1
+corners = [rel_angle_err.subs(dict(zip(deltas, sg, strict=True))) for sg in itertools.product((u_s, -u_s), repeat=3)]
+rel_bound = sp.factor(max(corners, key=lambda v: abs(v.subs(u_s, sp.Rational(1, 2**24)))))
+assert sp.expand(rel_bound - ((1 + u_s) ** 3 - 1)) == 0
+a_s, e_s = sp.symbols("a e", real=True)
+# cos(a + e) - cos(a) = -2 sin(a + e/2) sin(e/2), so |cos(a + e) - cos(a)| <= |e|; to first order -e sin(a)
+assert sp.simplify(sp.cos(a_s + e_s) - sp.cos(a_s) + 2 * sp.sin(a_s + e_s / 2) * sp.sin(e_s / 2)) == 0
+first_order = sp.series(sp.cos(a_s + e_s) - sp.cos(a_s), e_s, 0, 2).removeO()
+display(sp.Eq(sp.Symbol(r"\widehat{m\theta_j}/(m\theta_j) - 1"), rel_angle_err),
+        sp.Eq(sp.Symbol(r"\max_{|\delta_i| \le u}|\cdot|"), rel_bound),
+        sp.Eq(sp.Symbol(r"\cos(a + e) - \cos a"), first_order + sp.O(e_s**2)))
+
+# %% [markdown]
+# Since $|\cos(a + e) - \cos a| \le |e|$, the float32 table's error at position $m$ is at most
+#
+# $$ |\widehat{\cos}(m\theta_j) - \cos(m\theta_j)| \le m\,\theta_j\big((1+u)^3 - 1\big) + 2u
+#    \approx 3u\, m\,\theta_j + 2u, $$
+#
+# the last $2u$ for rounding the cosine itself and the float32 cosine routine (allowing it one
+# unit of round-off). The first term grows linearly with $m$; to first order the error is
+# $-\sin(m\theta_j)\,e$, with $e$ the angle's error. Both are measured on a table of 4096
+# positions with $d_k = 64$ against the float64 table (whose own error, about $10^{-16}$, is
+# negligible). The angle error $e$ is known *exactly*: the float32 angle converts to float64
+# without loss. So each entry's error can be predicted, not only bounded. By contrast, the
+# package's sinusoidal table of section 5.2 is computed in float64 and rounded once, and its
+# float32 error stays below $u$ at every position.
+
+# %%
+u32 = 2.0**-24
+rel_bound_u = float(rel_bound.subs(u_s, u32))  # (1 + u)^3 - 1 at u = 2^-24
+T_fp, d_fp = 4096, 64
+r32 = RotaryEmbedding(d_fp, max_seq_len=T_fp)
+r64 = RotaryEmbedding(d_fp, max_seq_len=T_fp, dtype=torch.float64)
+exact_angle = torch.arange(T_fp, dtype=torch.float64)[:, None] * rope_frequencies(d_fp)  # (T, d/2)
+angle32 = (torch.arange(T_fp, dtype=torch.float32)[:, None] * r32.inv_freq).double()  # as the module does
+e_angle = angle32 - exact_angle  # exact: a float32 number is a float64 number
+err_cos, err_sin = r32.cos.double() - r64.cos, r32.sin.double() - r64.sin  # (T, d/2) each
+bound = exact_angle * rel_bound_u + 2 * u32
+octaves = range(4, 12)  # positions [2^k, 2^(k+1))
+envelope = [max(err_cos[2**k:2 ** (k + 1)].abs().max().item(), err_sin[2**k:2 ** (k + 1)].abs().max().item())
+            for k in octaves]
+slope = np.polyfit([k + 1 for k in octaves], np.log2(envelope), 1)[0]
+pe_err = (sinusoidal_positions(T_fp, d_fp) - sinusoidal_positions(T_fp, d_fp, dtype=torch.float64)).abs().max()
+
+# %%
+inv_freq_err = (r32.inv_freq.double() / rope_frequencies(d_fp) - 1).abs().max().item() / u32  # units of u
+angle_ratio = (e_angle[1:].abs() / (exact_angle[1:] * rel_bound_u)).max().item()  # m = 0 has no error
+table_ratio = max((err_cos.abs() / bound).max().item(), (err_sin.abs() / bound).max().item())
+checks = Checks("float32 RoPE tables against float64, m < 4096, d_k = 64")
+checks.true("inv_freq: max relative error / u <= 2 + u", inv_freq_err <= 2 + u32, got=round(inv_freq_err, 2))
+checks.true("angle: max |e| / (m theta_j ((1+u)^3-1)) <= 1", angle_ratio <= 1, got=round(angle_ratio, 2))
+checks.true("cos, sin: max |error| / bound <= 1", table_ratio <= 1, got=round(table_ratio, 2))
+checks.close("cos error = -sin(m theta_j) e, to within u", -torch.sin(exact_angle) * e_angle, err_cos, tol=u32)
+checks.close("sin error = cos(m theta_j) e, to within u", torch.cos(exact_angle) * e_angle, err_sin, tol=u32)
+checks.close("error per octave of m: log-log slope", 1.0, slope, tol=0.1)
+checks.true("sinusoidal, rounded once: max error / u <= 1", bool(pe_err <= u32),
+            got=round(pe_err.item() / u32, 2))
+checks
+
+# %%
+print("largest |error| per octave of positions, in units of u = 2^-24:")
+for k, env in zip(octaves, envelope, strict=True):
+    print(f"  {2**k:5d} <= m < {2 ** (k + 1):5d}: {float(f'{env / u32:.2g}'):g}")
+
+# %% [markdown]
+# The error grows in proportion to the position (the fitted slope is 1 on log-log axes), and
+# every entry's error is the predicted $-\sin(m\theta_j)\,e$ up to less than one unit of
+# round-off, so the table is as accurate as float32 angles allow and no more. At the end of
+# this short table the error is already above $10^{-4}$; at $m = 10^5$ the bound reaches
+# $3u \cdot 10^5\,\theta_j \approx 2 \times 10^{-2}$ for the fast pairs. Computing the angles in
+# float64 and rounding only the finished table, as `sinusoidal_positions` does, removes the
+# growth. The fastest pair ($\theta_0 = 1$ exactly) has no angle
+# error at all. The figure shows one pair, $j = 2$ ($\theta_2 = 10^{-1/4} \approx 0.56$):
+
+# %%
+j_show = 2
+fig, ax = plt.subplots(figsize=(7, 3.6))
+m_axis = np.arange(1, T_fp)
+ax.plot(m_axis, err_cos[1:, j_show].abs().numpy(), ".", ms=1.5, color="tab:blue", label="|float32 - float64| (measured)")
+ax.plot(m_axis, bound[1:, j_show].numpy(), color="black", lw=1, label=r"bound $m\theta_j((1+u)^3 - 1) + 2u$")
+ax.set_xscale("log")
+ax.set_yscale("log")
+ax.set_ylim(1e-10, 1e-3)
+ax.set_title(rf"Float32 RoPE cosine table: error against position (pair j = {j_show}, $d_k$ = {d_fp})")
+ax.set_xlabel("position m (tokens, log scale)")
+ax.set_ylabel("absolute error (log scale)")
+ax.legend(fontsize=8, loc="upper left")
+save_figure(fig, "05_positions_rope_float32")
+plt.show()
 
 # %% [markdown]
 # ### Long-term decay
@@ -514,12 +620,13 @@ expected_12 = [2.0**-h for h in range(1, 9)] + [2.0 ** (-h / 2) for h in (1, 3, 
 checks = Checks("ALiBi")
 checks.equal("slopes, 8 heads = 1/2, ..., 1/256", [2.0**-h for h in range(1, 9)],
              alibi_slopes(8, dtype=torch.float64).tolist())
-checks.close("slopes, 12 heads: 8-head rule + odd 16-head slopes", expected_12, alibi_slopes(12, torch.float64), tol=1e-16)
+checks.close("12 heads: 8-head rule + odd 16-head slopes", expected_12, alibi_slopes(12, torch.float64), tol=1e-16)
 checks.close("slopes, 12 heads vs BLOOM (float32)", bloom[:, 0, 1], alibi_slopes(12, torch.float64), tol=1e-7)
 checks.close("softmax with our bias = with BLOOM's bias", p_bloom, p_ours, tol=1e-6)
-checks.true("biases themselves differ (by m_h i)", bool((ours - bloom).abs().max() > 1))
+bias_gap = (ours - bloom).abs().max()
+checks.true("biases differ (by m_h i): max > 1", bool(bias_gap > 1), got=bias_gap)
 checks.close("bias(H, 4, 9) = last 4 rows of bias(H, 9, 9)", alibi_bias(H12, 9)[:, 5:], alibi_bias(H12, 4, 9), tol=0)
-checks.true("bias <= 0 on and below the diagonal", bool((ours[:, causal] <= 0).all()))
+checks.true("bias <= 0 on and below the diagonal (max)", bool((ours[:, causal] <= 0).all()), got=ours[:, causal].max())
 checks
 
 # %% [markdown]
@@ -570,6 +677,9 @@ plt.show()
 # * Learned: a $T_{\max} \times d$ table, exact equality with GPT-2's `wpe`; no positions beyond $T_{\max}$.
 # * RoPE: $(R_m q)^\top (R_n k) = q^\top R_{n-m} k$, proven in SymPy; two layouts related by
 #   $R^{\text{interleaved}} = P R^{\text{half}} P^\top$; equal to Hugging Face's Llama in float32.
+# * Float32 RoPE tables round the angle $m\theta_j$ three times: their error is at most
+#   $m\theta_j((1+u)^3 - 1) + 2u$ with $u = 2^{-24}$, grows linearly with the position, and is
+#   $-\sin(m\theta_j)$ times the angle's error entry by entry (measured to within $u$).
 # * ALiBi: slopes $2^{-8h/H}$; BLOOM's bias differs by a row constant that softmax ignores.
 #
 # ## Exercises

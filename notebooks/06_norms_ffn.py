@@ -12,6 +12,9 @@
 # 3. **the feed-forward layer**: GPT-2's two-layer MLP with the GELU activation (exact and
 #    tanh-approximated), and Llama's gated SwiGLU, with their parameter counts.
 #
+# Section 6.6 then recomputes the feed-forward step of a published hand-worked example and
+# grades every number it printed.
+#
 # Each formula is derived in SymPy, implemented in `llmbook.transformer.layers`, and checked against
 # PyTorch and Hugging Face `transformers` (with weights copied across, no downloads).
 
@@ -29,6 +32,7 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.text.worked_example import PublishedComparison, load_the_cat_sat
 from llmbook.transformer.layers import (
     MLP,
     LayerNorm,
@@ -154,8 +158,11 @@ show_source(layer_norm_jacobian)
 # Checks, on a batch of $B = 3$ sequences of $T = 5$ positions with $d = 8$, random
 # $\gamma$ and $\beta$ and inputs of mean 2 and standard deviation 3: equal to
 # `torch.nn.LayerNorm` and `F.layer_norm` in float32; the Jacobian equal to autograd's in
-# float64 at every position; its null space; and `gradcheck` (finite differences) of the
-# module with respect to input, gain and shift. Float32 comparisons in this chapter report
+# float64 at every position; its null space; and `gradcheck` of the module with respect to
+# input, gain and shift. `torch.autograd.gradcheck` compares autograd's Jacobian with central
+# differences (step $10^{-6}$) entry by entry and passes when every entry agrees within
+# $10^{-5} + 10^{-3}|\text{numerical}|$; the table shows those tolerances, as it reports only
+# pass or fail. Float32 comparisons in this chapter report
 # the largest error relative to the largest output, so $10^{-6}$ means agreement to a few
 # units in the last place of float32 (whose spacing near 1 is $1.2 \times 10^{-7}$).
 
@@ -176,6 +183,7 @@ J_ours = layer_norm_jacobian(X64[0], ln64.weight.detach())  # (T, d, d)
 
 # %%
 ones_d = torch.ones(d, dtype=torch.float64)
+GRADCHECK = "all entries within 1e-5 + 1e-3 |num|"  # torch.autograd.gradcheck's defaults
 x0 = X64[0, 0]
 xc = x0 - x0.mean()
 s0 = (xc.pow(2).mean() + ln64.eps).sqrt()
@@ -194,7 +202,7 @@ checks.close("Jacobian: closed form vs autograd (float64)", J_auto, J_ours, tol=
 checks.close("J 1 = 0", torch.zeros(d), J_ours[0] @ ones_d, tol=1e-14)
 checks.close("J x = gamma x_hat eps / (var + eps)",
              ln64.weight.detach() * xc / s0 * ln64.eps / s0**2, J_ours[0] @ x0, tol=1e-15)
-checks.true("gradcheck in x, gamma, beta", torch.autograd.gradcheck(ln_of, params))
+checks.true("gradcheck in x, gamma, beta", torch.autograd.gradcheck(ln_of, params), got=GRADCHECK)
 checks
 
 # %% [markdown]
@@ -284,8 +292,10 @@ checks.close("Jacobian: closed form vs autograd (float64)", J_rms_auto, J_rms_ou
 checks.close("RMS_eps(7.5 x) = RMS_{eps/7.5^2}(x)", rms_scaled_eps(X64), rms64(7.5 * X64), tol=1e-13)
 checks.close("LN_eps(0.2 x + 4) = LN_{eps/0.2^2}(x)", ln_scaled_eps(X64), ln64(0.2 * X64 + 4), tol=1e-13)
 checks.close("LN(0.2 x + 4) ~ LN(x): the eps effect", ln64(X64), ln64(0.2 * X64 + 4), tol=1e-3)
-checks.true("RMS(x + 3) != RMS(x): no re-centring", bool((rms64(X64 + 3) - rms64(X64)).abs().max() > 0.1))
-checks.true("gradcheck in x", torch.autograd.gradcheck(rms64, (X64[:2, :2].clone().requires_grad_(),)))
+shift_gap = (rms64(X64 + 3) - rms64(X64)).abs().max()
+checks.true("RMS(x + 3) != RMS(x): max |diff| > 0.1", bool(shift_gap > 0.1), got=shift_gap)
+checks.true("gradcheck in x", torch.autograd.gradcheck(rms64, (X64[:2, :2].clone().requires_grad_(),)),
+            got=GRADCHECK)
 checks
 
 # %% [markdown]
@@ -510,9 +520,9 @@ for _ in range(60):
     c1, c2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
     lo, hi = (lo, c2) if cdf_max_error(c1) < cdf_max_error(c2) else (c1, hi)
 checks = Checks("where 0.044715 comes from")
-checks.true("the minimax c for Phi, to 6 decimals, is 0.044715", round(lo, 6) == 0.044715,
+checks.true("minimax c for Phi (6 decimals) = 0.044715", round(lo, 6) == 0.044715,
             f"{lo:.6f}")
-checks.true("its max CDF error is 1.79e-4", round(cdf_max_error(lo), 6) == 0.000179)
+checks.true("its max CDF error is 1.79e-4", round(cdf_max_error(lo), 6) == 0.000179, f"{cdf_max_error(lo):.3g}")
 checks
 
 # %% [markdown]
@@ -534,7 +544,7 @@ err_taylor = (grid / 2 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (grid + float(
 i_max = int(err.abs().argmax())
 checks = Checks("GELU against PyTorch; the tanh error")
 checks.close("gelu exact vs F.gelu (float32)", F.gelu(grid32), gelu(grid32), tol=1e-6, rel=True)
-checks.close("gelu tanh vs F.gelu(approximate='tanh') (float32)", F.gelu(grid32, approximate="tanh"),
+checks.close("gelu tanh vs F.gelu(approximate=tanh) (float32)", F.gelu(grid32, approximate="tanh"),
              gelu(grid32, "tanh"), tol=1e-6, rel=True)
 checks.close("gelu tanh vs transformers gelu_new (float32)", transformers.activations.ACT2FN["gelu_new"](grid32),
              gelu(grid32, "tanh"), tol=1e-6, rel=True)
@@ -640,8 +650,10 @@ checks.close("MLP vs GPT2MLP (float32)", gpt2_mlp(X), mlp(X), tol=1e-6, rel=True
 checks.close("SwiGLU vs LlamaMLP (float32)", llama_mlp(X), swiglu(X), tol=1e-6, rel=True)
 checks.close("SwiGLU vs the formula, by hand (float32)", by_hand, swiglu(X), tol=1e-6, rel=True)
 checks.equal("SwiGLU state dict keys = LlamaMLP's", sorted(llama_mlp.state_dict()), sorted(swiglu.state_dict()))
-checks.true("gradcheck MLP (float64)", torch.autograd.gradcheck(MLP(d, d_ff, dtype=torch.float64), (X_small,)))
-checks.true("gradcheck SwiGLU (float64)", torch.autograd.gradcheck(SwiGLU(d, d_ff, dtype=torch.float64), (X_small,)))
+checks.true("gradcheck MLP (float64)", torch.autograd.gradcheck(MLP(d, d_ff, dtype=torch.float64), (X_small,)),
+            got=GRADCHECK)
+checks.true("gradcheck SwiGLU (float64)", torch.autograd.gradcheck(SwiGLU(d, d_ff, dtype=torch.float64), (X_small,)),
+            got=GRADCHECK)
 checks
 
 # %% [markdown]
@@ -694,14 +706,147 @@ checks.equal("Llama 3 8B SwiGLU = 3 d d_ff", n_params(llama3), swiglu_parameter_
 checks
 
 # %%
+ratios = {}
 for name, n_ff, count in [("MLP d_ff = 4d", 4 * 4096, mlp_parameter_count(4096, 4 * 4096, bias=False)),
                           ("SwiGLU d_ff = 11008", 11008, swiglu_parameter_count(4096, 11008))]:
-    print(f"d = 4096, {name:20s}: {count:,} weights = {count / 4096**2:.3f} d^2 (d_ff / d = {n_ff / 4096:.3f})")
+    ratios[name] = sp.Rational(count, 4096**2)  # exact, in units of d^2
+    print(f"d = 4096, {name:20s}: {count:,} weights = {ratios[name]} d^2 = {float(ratios[name])} d^2"
+          f" (d_ff / d = {sp.Rational(n_ff, 4096)})")
+excess = ratios["SwiGLU d_ff = 11008"] / ratios["MLP d_ff = 4d"] - 1
+print(f"SwiGLU / MLP - 1 = {excess} = {float(excess):.2%}")
 
 # %% [markdown]
-# Rounding 10,922 up to 11,008 makes Llama 7B's SwiGLU 0.8% larger than the MLP it
-# replaces ($8.063\,d^2$ against $8\,d^2$): in a Llama block, as in GPT-2's, the
+# Rounding $8d/3 \approx 10{,}922.7$ up to 11,008 makes Llama 7B's SwiGLU exactly
+# $129/16\,d^2 = 8.0625\,d^2$ against the MLP's $8\,d^2$, larger by $1/128 \approx 0.78\%$
+# (the exact fractions printed above): in a Llama block, as in GPT-2's, the
 # feed-forward layer holds about two thirds of the weights (attention has $4d^2$).
+#
+# ## 6.6 A published worked example, checked
+#
+# The file `data/worked_examples/the_cat_sat.json` holds a published, hand-computed walk
+# through one layer of a toy transformer (vocabulary of 5, $d = 4$): its exact inputs and
+# every value the source printed, rounded by hand. Chapter 4 recomputed its attention; this
+# chapter's part is the feed-forward sub-layer. The source applies it in its own simplified
+# way, which we follow to the letter: the FFN acts on the raw embedding $x_2 = E_2$ of "sat"
+# (not on the attention output), with a ReLU, $\mathrm{FFN}(x) = W_2\,\mathrm{ReLU}(W_1 x +
+# b_1) + b_2$ with $d_{ff} = 3$; then the residual $y = x_2 + \mathrm{FFN}(x_2)$ and a
+# LayerNorm *after* the sum (the post-LN order of section 6.3) with $\gamma = 1$, $\beta = 0$
+# and $\varepsilon = 0$. The package's `MLP` with `activation="relu"` and `LayerNorm` with
+# `eps=0.0` compute exactly this, in float64:
+
+# %%
+ex = load_the_cat_sat()
+W = ex.inputs
+print("source's note:", W["ffn_note"])
+x2 = W["E"][ex.input_ids[2]]  # (4,): the embedding of "sat"
+ffn = MLP(4, 3, activation="relu", dtype=torch.float64)  # fc.weight = W1 (3, 4), proj.weight = W2 (4, 3)
+norm0 = LayerNorm(4, eps=0.0, dtype=torch.float64)  # gamma = 1, beta = 0 at initialisation
+with torch.no_grad():
+    for lin, w_name, b_name in ((ffn.fc, "W1", "b1"), (ffn.proj, "W2", "b2")):
+        lin.weight.copy_(W[w_name])
+        lin.bias.copy_(W[b_name])
+    pre_act = ffn.fc(x2)  # (3,)
+    ffn_out = ffn(x2)  # (4,)
+    resid = x2 + ffn_out  # (4,)
+    ln_mean = resid.mean()
+    ln_var = (resid - ln_mean).pow(2).mean()  # population variance, as LayerNorm uses
+    h_last = norm0(resid)  # (4,)
+for name, v in [("W1 x + b1", pre_act), ("ReLU", pre_act.relu()), ("FFN(x_2)", ffn_out),
+                ("residual", resid), ("LayerNorm", h_last)]:
+    print(f"{name:10s}", np.round(v.numpy(), 6))
+print(f"mean {ln_mean.item():.6f}, population variance {ln_var.item():.8f}")
+
+# %% [markdown]
+# The inputs are short decimals, so every value up to the variance is a rational number, and
+# the LayerNorm output is that rational number divided by the square root of another. SymPy
+# recomputes the whole sub-layer exactly, in rationals, as an independent reference for the
+# float64 values; and a LayerNorm output with $\varepsilon = 0$ must have mean 0 and
+# population variance 1, a test any printed answer can be put to:
+
+# %%
+def rational_matrix(t):
+    """A float64 tensor of short decimals as an exact SymPy matrix (0.2 -> 1/5)."""
+    rows = t.tolist() if t.ndim == 2 else [[v] for v in t.tolist()]
+    return sp.Matrix([[sp.Rational(repr(v)) for v in row] for row in rows])
+
+
+x2_q = rational_matrix(x2)
+pre_q = rational_matrix(W["W1"]) * x2_q + rational_matrix(W["b1"])
+out_q = rational_matrix(W["W2"]) * pre_q.applyfunc(lambda v: sp.Max(v, 0)) + rational_matrix(W["b2"])
+resid_q = x2_q + out_q
+mean_q = sum(resid_q) / 4
+var_q = sum((v - mean_q) ** 2 for v in resid_q) / 4
+ln_q = (resid_q - mean_q * sp.ones(4, 1)) / sp.sqrt(var_q)
+display(sp.Eq(sp.Symbol(r"\sigma^2"), var_q), sp.Eq(sp.Symbol(r"\mathrm{LN}(y)_3"), sp.nsimplify(ln_q[3])))
+
+
+def as_float(mat):
+    return [float(sp.N(v, 30)) for v in mat]
+
+
+published_ln = ex.published_tensor("layernorm_out")
+checks = Checks("the worked example's FFN sub-layer: float64 against exact rationals")
+checks.close("W1 x + b1", as_float(pre_q), pre_act, tol=1e-15)
+checks.close("FFN(x_2) = W2 ReLU(.) + b2", as_float(out_q), ffn_out, tol=1e-15)
+checks.close("residual x_2 + FFN(x_2)", as_float(resid_q), resid, tol=1e-15)
+checks.close("LayerNorm mean and population variance", [float(mean_q), float(var_q)],
+             [ln_mean, ln_var], tol=1e-15)
+checks.close("LayerNorm output (eps = 0)", as_float(ln_q), h_last, tol=1e-15)
+checks.close("its mean is 0", 0.0, h_last.mean(), tol=1e-15)
+checks.close("its population variance is 1", 1.0, h_last.pow(2).mean(), tol=1e-15)
+checks.true("the published output breaks it: |sum| >= 1e-4", abs(published_ln.sum().item()) >= 1e-4,
+            got=round(published_ln.sum().item(), 4))
+checks
+
+# %% [markdown]
+# Now every printed number against the exact one. The table (`PublishedComparison`, from
+# `llmbook.text.worked_example`) grades each entry: *agrees* when it is the exact value
+# rounded to the decimals printed; *rounded inputs* when it is instead what the source's own
+# rounded intermediates give; *truncated* when it is cut rather than rounded; *last digit*
+# when it is within 1.5 units of the last place; *error* otherwise. For the LayerNorm output
+# the recomputation from rounded inputs divides the printed residual minus the printed mean
+# (0.1385) by the square root of the printed variance (0.2336):
+
+# %%
+P = ex.published_tensor
+ln_from_rounded = (P("residual") - P("layernorm_mean")) / P("layernorm_variance").sqrt()
+table = PublishedComparison("chapter 6: FFN, residual and LayerNorm of 'sat'")
+table.add("ffn_pre_activation", ex.published["ffn_pre_activation"], pre_act)
+table.add("ffn_out", ex.published["ffn_out"], ffn_out)
+table.add("residual", ex.published["residual"], resid)
+table.add("layernorm_mean", ex.published["layernorm_mean"], ln_mean)
+table.add("layernorm_variance", ex.published["layernorm_variance"], ln_var)
+table.add("layernorm_out", ex.published["layernorm_out"], h_last, from_rounded=ln_from_rounded)
+table.add("h_last_used_downstream", ex.published["h_last_used_downstream"], h_last,
+          from_rounded=P("layernorm_out"))
+table
+
+# %%
+sigma_4 = round(math.sqrt(ex.published["layernorm_variance"]), 4)  # an intermediate the source did not print
+print(f"sqrt(0.2336) = {math.sqrt(0.2336):.6f}; rounded to {sigma_4}, the outputs would be",
+      np.round(((P("residual") - P("layernorm_mean")) / sigma_4).numpy(), 4))
+print(f"sum of the published LayerNorm output: {published_ln.sum().item():+.4f}")
+print(f"with PyTorch's default eps = 1e-5 instead of 0 the outputs would move by up to "
+      f"{(LayerNorm(4, dtype=torch.float64)(resid) - h_last).abs().max().item():.1e}")
+
+# %% [markdown]
+# The FFN, the residual, the mean and the variance all agree: those values are exact short
+# decimals, and the source used the population variance ($\sigma^2 = 934459/4000000 =
+# 0.23361475$, printed 0.2336; the sample variance, dividing by 3, would be 0.3115). The three
+# entries of the LayerNorm output that do not agree are of three different kinds:
+#
+# * **1.3520** (exact 1.352058) is *truncated*: rounded, it is 1.3521.
+# * **0.5411** (exact 0.541030, rounding to 0.5410) is off by one in the *last digit*. The
+#   likeliest cause is an intermediate the source did not print: with $\sigma = \sqrt{0.2336}$
+#   rounded to 0.4833 before dividing, this entry becomes 0.5411 (printed above).
+# * **−1.1557** (exact −1.155508) is an *error*: 1.9 units of the last place off, and no
+#   rounding of the printed intermediates gives it (the rounded $\sigma$ gives −1.1556). The
+#   source could have caught it: a LayerNorm output with $\beta = 0$ sums to exactly zero,
+#   and the printed one sums to −0.0002.
+#
+# None of the three survives into the vector the source carries forward: rounded to three
+# decimals, $h_{\text{last}} = (-0.738, 1.352, 0.541, -1.156)$ agrees with the exact values,
+# so the logits of chapter 7 start from correct inputs. Chapter 7 continues the example.
 #
 # ## Summary
 #
@@ -714,6 +859,9 @@ for name, n_ff, count in [("MLP d_ff = 4d", 4 * 4096, mlp_parameter_count(4096, 
 #   $1/\sqrt L$ (Xiong et al., 2020), where post-LN's stay large.
 # * The tanh GELU matches the exact one through $x^3$ and within $4.7 \times 10^{-4}$ everywhere.
 # * SwiGLU uses three matrices; $d_{ff} = \frac23 4d$ (rounded up) keeps it the size of a $4d$ MLP.
+# * A published hand-computed FFN sub-layer, recomputed exactly: its FFN, residual, mean and
+#   variance agree; of its LayerNorm output one entry is truncated, one off in the last digit,
+#   and one wrong (it breaks the zero sum every LayerNorm output with $\beta = 0$ has).
 #
 # ## Exercises
 #

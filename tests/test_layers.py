@@ -56,6 +56,20 @@ def test_layer_norm_worked_example():
     assert abs(y.pow(2).mean().item() - 3.5 / (3.5 + 1e-5)) < 1e-15
 
 
+def test_layer_norm_eps_zero_is_the_bare_definition():
+    # x = (1, 2, 3, 6): mean 3, biased variance 3.5, so y = (x - 3) / sqrt(3.5) exactly;
+    # non-square batch (2, 3, 4) and equality with torch.nn.functional.layer_norm(eps=0)
+    x = torch.tensor([1.0, 2.0, 3.0, 6.0], dtype=torch.float64)
+    ln0 = LayerNorm(4, eps=0.0, dtype=torch.float64)
+    assert torch.allclose(ln0(x), torch.tensor([-2.0, -1.0, 0.0, 3.0], dtype=torch.float64) / math.sqrt(3.5),
+                          rtol=0, atol=1e-15)
+    assert abs(ln0(x).pow(2).mean().item() - 1.0) < 1e-15  # unit variance only when eps = 0
+    xb = _x(11, torch.float64, shape=(2, 3, 4), scale=2.0, shift=1.0)
+    assert torch.allclose(ln0(xb), F.layer_norm(xb, (4,), eps=0.0), rtol=0, atol=1e-14)
+    assert not torch.allclose(LayerNorm(4, dtype=torch.float64)(xb), ln0(xb), rtol=0, atol=1e-9)
+    assert torch.isnan(ln0(torch.ones(4, dtype=torch.float64))).all()  # 0 / 0, as documented
+
+
 def test_layer_norm_parameters_and_init():
     ln = LayerNorm(D)
     assert dict(ln.named_parameters()).keys() == {"weight", "bias"}
@@ -151,8 +165,12 @@ def test_norm_bad_inputs():
             cls(0)
         with pytest.raises(TypeError, match="d must be an int"):
             cls(4.0)
-        with pytest.raises(ValueError, match="eps must be a positive finite number, got eps=0"):
-            cls(4, eps=0.0)
+        if cls is RMSNorm:
+            with pytest.raises(ValueError, match="eps must be a positive finite number, got eps=0"):
+                cls(4, eps=0.0)
+        else:
+            with pytest.raises(ValueError, match="eps must be a non-negative finite number, got eps=-1"):
+                cls(4, eps=-1.0)
         with pytest.raises(ValueError, match="eps=-1e-05"):
             cls(4, eps=-1e-5)
         with pytest.raises(ValueError, match="eps=inf"):
@@ -356,6 +374,25 @@ def test_mlp_structure_and_formula():
     assert relu.fc.bias is None and relu.proj.bias is None
     assert sum(p.numel() for p in relu.parameters()) == mlp_parameter_count(D, D_FF, bias=False)
     assert sum(p.numel() for p in mlp.parameters()) == mlp_parameter_count(D, D_FF)
+
+
+def test_relu_mlp_worked_example():
+    # d_model = 2, d_ff = 3: W1 x + b1 = (1.5, -1, 0.25) -> ReLU (1.5, 0, 0.25)
+    # -> W2 h + b2 = (1.5 + 0.5 + 0.1, -1.5 + 0 - 0.2) = (2.1, -1.7); non-square weights
+    mlp = MLP(2, 3, activation="relu", dtype=torch.float64)
+    f64 = torch.float64
+    with torch.no_grad():
+        mlp.fc.weight.copy_(torch.tensor([[1.0, 0.5], [-1.0, 0.0], [0.25, -0.25]], dtype=f64))
+        mlp.fc.bias.copy_(torch.tensor([0.0, 0.0, 0.25], dtype=f64))
+        mlp.proj.weight.copy_(torch.tensor([[1.0, 2.0, 2.0], [-1.0, 5.0, -0.8]], dtype=f64))
+        mlp.proj.bias.copy_(torch.tensor([0.1, 0.0], dtype=f64))
+    x = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    assert torch.allclose(mlp.fc(x), torch.tensor([1.5, -1.0, 0.25], dtype=torch.float64), rtol=0, atol=1e-15)
+    assert torch.allclose(mlp(x), torch.tensor([2.1, -1.7], dtype=torch.float64), rtol=0, atol=1e-15)
+    # the negative pre-activation is cut: its weights in proj do not matter
+    with torch.no_grad():
+        mlp.proj.weight[:, 1] = 123.0
+    assert torch.allclose(mlp(x), torch.tensor([2.1, -1.7], dtype=torch.float64), rtol=0, atol=1e-15)
 
 
 def test_mlp_equals_transformers_gpt2_mlp():

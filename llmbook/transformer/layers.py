@@ -58,10 +58,14 @@ _GELU_TANH_CUBIC = 0.044715
 # ---------------------------------------------------------------- validation
 
 
-def _check_eps(eps: object) -> float:
+def _check_eps(eps: object, allow_zero: bool = False) -> float:
+    """eps as a float: positive and finite, or also 0 when ``allow_zero``."""
     if isinstance(eps, bool) or not isinstance(eps, int | float):
         raise TypeError(f"eps must be a float, got {eps!r} ({type(eps).__name__})")
-    if not (eps > 0 and math.isfinite(eps)):
+    if allow_zero:
+        if not (eps >= 0 and math.isfinite(eps)):
+            raise ValueError(f"eps must be a non-negative finite number, got eps={eps}")
+    elif not (eps > 0 and math.isfinite(eps)):
         raise ValueError(f"eps must be a positive finite number, got eps={eps}")
     return float(eps)
 
@@ -99,6 +103,8 @@ class LayerNorm(nn.Module):
     with the learned gain ``weight`` = gamma (d,), initialised to 1, and shift ``bias`` =
     beta (d,), initialised to 0 (absent when ``bias=False``). The same computation as
     ``torch.nn.LayerNorm(d, eps)``, written with plain tensor operations.
+    ``eps=0`` is accepted, as by PyTorch: it is the bare definition that hand-worked
+    examples use, and a constant input then gives 0/0 = nan.
     Shapes: (..., d) -> (..., d).
     """
 
@@ -107,7 +113,7 @@ class LayerNorm(nn.Module):
     ) -> None:
         super().__init__()
         self.d = check_positive_int("d", d)
-        self.eps = _check_eps(eps)
+        self.eps = _check_eps(eps, allow_zero=True)
         self.weight = nn.Parameter(torch.ones(d, dtype=dtype))  # gamma (d,)
         self.bias = nn.Parameter(torch.zeros(d, dtype=dtype)) if bias else None  # beta (d,)
 
@@ -130,7 +136,8 @@ class RMSNorm(nn.Module):
 
     with the learned gain ``weight`` = g (d,), initialised to 1. No mean is subtracted and
     there is no bias: RMSNorm keeps LayerNorm's re-scaling invariance and drops its
-    re-centring.
+    re-centring. The default ``eps`` = 1e-6 is ``LlamaRMSNorm``'s, the ``rms_norm_eps`` of
+    the first Llama and of Qwen2; Llama 2's checkpoints use 1e-5.
 
     Precision, as Hugging Face ``LlamaRMSNorm`` (Llama, Qwen2): x / r is computed in float32
     for float16 and bfloat16 inputs, cast back to the input dtype, and only then multiplied
