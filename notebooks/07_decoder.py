@@ -27,6 +27,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import sympy as sp
 import torch
+import torch.nn.functional as F
 from IPython.display import display
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import (
@@ -39,15 +40,30 @@ from transformers import (
 )
 
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.text.corpus import load_stdlib_docs, stdlib_docs_path
+from llmbook.text.functional import cross_entropy
+from llmbook.text.tokenizer import BPETokenizer, read_gpt2_files
+from llmbook.text.worked_example import PublishedComparison, load_the_cat_sat
 from llmbook.transformer.hf_loading import config_from_hf, from_hf, randomize_parameters_
-from llmbook.transformer.model import DecoderBlock, TransformerConfig, TransformerLM
+from llmbook.transformer.layers import MLP, LayerNorm
+from llmbook.transformer.model import (
+    DecoderBlock,
+    TransformerConfig,
+    TransformerLM,
+    minimal_forward,
+)
 from llmbook.transformer.sizing import (
+    SYMBOLS,
     count_parameters,
     count_parameters_symbolic,
     flops_per_token,
     flops_per_token_symbolic,
     flops_shares,
+    flops_terms_symbolic,
+    linear_parameters,
+    matmul_flops,
     parameter_shares,
+    parameter_terms_symbolic,
     symbol_values,
 )
 
@@ -88,15 +104,48 @@ show_source(DecoderBlock.forward)
 # table $P$ (GPT-2) is added once at the bottom; RoPE (Llama) instead rotates the queries and
 # keys inside every attention layer, so the model looks the rotation up once and hands it to
 # each block. The final norm is needed because, in a pre-norm stack, nothing else normalises
-# the stream before the output layer. In code, `forward` applies the output layer to what
-# `hidden_states` computes, the normalised stream $\operatorname{Norm}(x_L)$ (a reward model
-# in chapter 17 puts another head on the same states):
+# the stream before the output layer. Stripped of everything but the formula, the forward
+# pass is a dozen lines, `minimal_forward`:
+
+# %%
+show_source(minimal_forward)
+
+# %% [markdown]
+# The model the later chapters use does more in the same place. `forward` applies the output
+# layer to what `hidden_states` computes, the normalised stream $\operatorname{Norm}(x_L)$ (a
+# reward model in chapter 17 puts another head on the same states), and `hidden_states`
+# checks its input, accepts positions other than $0, \dots, T-1$, a packing mask (chapter 17)
+# and a KV cache (chapter 12), and looks the rotary tables up once for all layers. Read it
+# as `minimal_forward` plus those branches:
 
 # %%
 show_source(TransformerLM.forward)
 
 # %%
 show_source(TransformerLM.hidden_states)
+
+# %% [markdown]
+# With none of the branches taken, the two must compute the same logits. They are compared
+# in float64, with every parameter perturbed first (a fresh model has its biases at 0 and its
+# gains at 1, which would hide a forgotten bias or norm), on non-square shapes and with
+# grouped-query heads for the RoPE families:
+
+# %%
+checks = Checks("minimal_forward vs TransformerLM.forward (float64, max |difference|)")
+g_min = torch.Generator().manual_seed(1)
+for name, make in (("GPT-2 style", TransformerConfig.gpt2_style),
+                   ("Llama style", TransformerConfig.llama_style),
+                   ("Qwen2 style", TransformerConfig.qwen2_style)):
+    kv = {} if name.startswith("GPT") else {"n_kv_heads": 2}
+    c = make(vocab_size=37, d_model=28, n_layers=3, n_heads=4, d_head=6, max_seq_len=20, **kv)
+    m_ = TransformerLM(c, generator=g_min).double()
+    with torch.no_grad():
+        for p_ in m_.parameters():
+            p_.add_(0.1 * torch.randn(p_.shape, generator=g_min, dtype=p_.dtype))
+    ids_ = torch.randint(0, 37, (3, 13), generator=g_min)
+    with torch.no_grad():
+        checks.close(f"{name}, B=3, T=13", m_(ids_), minimal_forward(m_, ids_), tol=1e-12)
+checks
 
 # %% [markdown]
 # `TransformerLM` checks its input at the door: the ids must be integers in $[0, V)$ and the
@@ -175,17 +224,31 @@ checks
 # key/value heads of width $d_h$, $d_{ff}$ the feed-forward width, and $m$ the number of
 # feed-forward matrices (2 for the GELU MLP, 3 for SwiGLU). Indicators $b_{qkv}, b_o, b_{mlp},
 # b_n \in \{0, 1\}$ switch the biases and LayerNorm's shift on, $u = 1$ for an untied output
-# layer and $p = 1$ for a learned position table of $T_{max}$ rows. Term by term:
+# layer and $p = 1$ for a learned position table of $T_{max}$ rows.
+#
+# The formula is not typed in; it is built from the shapes of the tensors. Every weight of
+# the model sits in an `nn.Linear(n_in, n_out)`, whose weight is $n_{out} \times n_{in}$ and
+# whose bias has $n_{out}$ entries, or in a table or a norm whose shape the configuration
+# fixes. Component by component:
 
 # %%
-V, d, L, H, H_kv, d_h, d_ff, m, T, T_max, b_qkv, b_o, b_mlp, b_n, u, p = sp.symbols(
-    "V d L H H_kv d_h d_ff m T T_max b_qkv b_o b_mlp b_n u p", integer=True, nonnegative=True)
-P_attn = d * H * d_h + 2 * d * H_kv * d_h + H * d_h * d  # W_Q, W_K and W_V, W_O
-P_attn += b_qkv * (H + 2 * H_kv) * d_h + b_o * d  # their biases
-P_ffn = m * d * d_ff + b_mlp * ((m - 1) * d_ff + d)  # m matrices, (m - 1) d_ff + d biases
-P_norm = d * (1 + b_n)  # gain (and LayerNorm's shift)
-P_model = L * (P_attn + P_ffn + 2 * P_norm) + P_norm + V * d * (1 + u) + p * T_max * d
-assert sp.simplify(P_model - count_parameters_symbolic()) == 0  # = llmbook.transformer.sizing's form
+show_source(linear_parameters)
+
+# %%
+show_source(parameter_terms_symbolic)
+
+# %%
+show_source(count_parameters_symbolic)
+
+# %% [markdown]
+# SymPy multiplies out the terms and collects the result in $L$:
+
+# %%
+V, d, L, H, H_kv, d_h, d_ff, m, T, T_max, b_qkv, b_o, b_mlp, b_n, u, p = SYMBOLS
+terms = parameter_terms_symbolic()
+for name, expr in terms.items():
+    display(sp.Eq(sp.Symbol(r"N_{\mathrm{" + name.replace("_", r"\_") + "}}"), sp.expand(expr)))
+P_model = count_parameters_symbolic()
 display(sp.Eq(sp.Symbol("N"), sp.collect(sp.expand(P_model), L)))
 
 # %% [markdown]
@@ -193,7 +256,8 @@ display(sp.Eq(sp.Symbol("N"), sp.collect(sp.expand(P_model), L)))
 # table) it collapses to the well-known $12Ld^2$ plus lower-order terms; for a Llama-style
 # model without biases and with $d_{ff} = \frac83 d$ (before rounding) and $H_{kv} = H$ the
 # same $12 L d^2$ appears, which is exactly why Llama chose $\frac23 \cdot 4d$: SwiGLU's
-# three matrices then hold as many parameters as the MLP's two.
+# three matrices then hold as many parameters as the MLP's two. (The two `assert`s test the
+# sentence just written against what SymPy derived.)
 
 # %%
 gpt2_subs = {H_kv: H, d_h: d / H, d_ff: 4 * d, m: 2, b_qkv: 1, b_o: 1, b_mlp: 1, b_n: 1,
@@ -202,23 +266,76 @@ llama_subs = {H_kv: H, d_h: d / H, d_ff: sp.Rational(8, 3) * d, m: 3, b_qkv: 0, 
               b_mlp: 0, b_n: 0, u: 1, p: 0}
 P_gpt2 = sp.expand(P_model.subs(gpt2_subs))
 P_llama = sp.expand(P_model.subs(llama_subs))
-assert sp.simplify(P_gpt2 - (12 * L * d**2 + 13 * L * d + V * d + T_max * d + 2 * d)) == 0
-assert sp.simplify(P_llama - (12 * L * d**2 + 2 * L * d + 2 * V * d + d)) == 0
 display(sp.Eq(sp.Symbol(r"N_{\mathrm{GPT\text{-}2}}"), sp.collect(P_gpt2, L)),
         sp.Eq(sp.Symbol(r"N_{\mathrm{Llama}}"), sp.collect(P_llama, L)))
+assert sp.Poly(P_gpt2, L, d).coeff_monomial(L * d**2) == 12
+assert sp.Poly(P_llama, L, d).coeff_monomial(L * d**2) == 12
 
 # %% [markdown]
-# `llmbook.transformer.sizing.count_parameters` evaluates the same closed form with integers:
+# `llmbook.transformer.sizing.count_parameters` evaluates the same sums with integers, split
+# into the shares that section 7.5 plots:
 
 # %%
 show_source(parameter_shares)
 
 # %% [markdown]
-# Now the check against real objects. For each family, small models of the book and of
-# Hugging Face, tied and untied, and the published sizes. The large ones are built inside
-# `with torch.device("meta"):`: a meta tensor has a shape and a dtype but no storage, so
-# a 7-billion-parameter model costs nothing to build and its parameters can still be
-# counted. For Qwen2-0.5B, Hugging Face's own `Qwen2ForCausalLM` is built the same way.
+# Now the checks, each independent of the derivation. **By enumeration**: build real models
+# (non-square shapes, grouped-query heads, tied and untied, a head width that is not
+# $d / H$) and sum `p.numel()` over the tensors of each component, then compare with the
+# term evaluated at that configuration. The norms row counts all $2L + 1$ norms, the
+# attention and feed-forward rows all $L$ layers.
+
+# %%
+def enumerate_components(model):
+    """Sum of p.numel() over the tensors of each component of a real model."""
+    def count(modules):
+        return sum(q.numel() for mod in modules if mod is not None for q in mod.parameters())
+    blocks = list(model.blocks)
+    return {"embedding": count([model.embed]), "positions": count([model.pos_embed]),
+            "lm_head": count([model.lm_head]), "attention": count(b.attn for b in blocks),
+            "mlp": count(b.mlp for b in blocks),
+            "norms": count([model.final_norm, *(b.attn_norm for b in blocks),
+                            *(b.mlp_norm for b in blocks)])}
+
+
+def derived_components(c):
+    """The symbolic terms at config c, times how often each occurs."""
+    t = {k: int(v.subs(symbol_values(c))) for k, v in terms.items()}
+    return {"embedding": t["embedding"], "positions": t["positions"], "lm_head": t["lm_head"],
+            "attention": c.n_layers * t["attention"], "mlp": c.n_layers * t["mlp"],
+            "norms": (2 * c.n_layers + 1) * t["norm"]}
+
+
+enum_configs = {
+    "GPT-2 style, tied": TransformerConfig.gpt2_style(vocab_size=211, d_model=72, n_layers=2,
+                                                      n_heads=3, max_seq_len=32),
+    "GPT-2 style, untied, d_ff=100": TransformerConfig.gpt2_style(
+        vocab_size=97, d_model=48, n_layers=3, n_heads=4, max_seq_len=33, d_ff=100,
+        tie_embeddings=False),
+    "Llama style, GQA 4/2": TransformerConfig.llama_style(vocab_size=173, d_model=64, n_layers=3,
+                                                         n_heads=4, n_kv_heads=2, d_ff=160),
+    "Llama style, d_h=10 != d/H": TransformerConfig.llama_style(vocab_size=59, d_model=36,
+                                                               n_layers=2, n_heads=6, d_head=10,
+                                                               n_kv_heads=3),
+    "Qwen2 style, tied, q/k/v bias": TransformerConfig.qwen2_style(vocab_size=131, d_model=56,
+                                                                  n_layers=2, n_heads=7,
+                                                                  n_kv_heads=1),
+}
+checks = Checks("parameters by enumeration: derived term vs sum of numel()")
+for name, c in enum_configs.items():
+    got, want = enumerate_components(TransformerLM(c)), derived_components(c)
+    for group in (("embedding", "positions", "lm_head"), ("attention", "mlp", "norms")):
+        checks.equal(f"{name}: {', '.join(group)}", [want[k] for k in group], [got[k] for k in group])
+checks
+
+# %% [markdown]
+# **Against Hugging Face's count**: the same derived polynomial, evaluated at the
+# configuration of a `transformers` model, against the number of parameters that model
+# holds. These models are written independently of the book; their count is an outside
+# witness. The large ones are built inside `with torch.device("meta"):`: a meta tensor has
+# a shape and a dtype but no storage, so a 7-billion-parameter model costs nothing to build
+# and its parameters can still be counted. The published sizes close the table, through
+# `count_parameters`, the integer version.
 
 # %%
 def hf_small(family, tied, **kw):
@@ -234,24 +351,27 @@ def hf_small(family, tied, **kw):
                    tie_word_embeddings=tied, **kw))
 
 
-checks = Checks("parameter count: closed form vs real models")
+def derived_total(c):
+    return int(P_model.subs(symbol_values(c)))
+
+
+checks = Checks("parameters: derived polynomial vs Hugging Face's count")
 for family in ("gpt2", "llama", "qwen2"):
     for tied in (True, False):
         hf = hf_small(family, tied)
-        c = config_from_hf(hf)
-        checks.equal(f"{family}, tied={tied}: Hugging Face", n_params(hf), count_parameters(c))
-        checks.equal(f"{family}, tied={tied}: ours", n_params(TransformerLM(c)), count_parameters(c))
+        checks.equal(f"{family}, tied={tied}", n_params(hf), derived_total(config_from_hf(hf)))
 with torch.device("meta"):
-    for name, c in styles.items():
-        checks.equal(f"{name} (meta): ours", n_params(TransformerLM(c)), count_parameters(c))
     qwen_hf = Qwen2ForCausalLM(Qwen2Config(
         vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
         num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True,
         max_position_embeddings=32768, rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
-checks.equal("Qwen2-0.5B (meta): Hugging Face", n_params(qwen_hf), count_parameters(styles["Qwen2-0.5B"]))
-checks.equal("Qwen2-0.5B: published 494,032,768", 494_032_768, count_parameters(styles["Qwen2-0.5B"]))
-checks.equal("GPT-2 small: 124,439,808", 124_439_808, count_parameters(styles["GPT-2 small"]))
-checks.equal("Llama 2 7B: 6,738,415,616", 6_738_415_616, count_parameters(styles["Llama 2 7B"]))
+    for name, c in styles.items():
+        checks.equal(f"{name} (meta): our model's numel()", n_params(TransformerLM(c)),
+                     derived_total(c))
+checks.equal("Qwen2-0.5B (meta): Hugging Face", n_params(qwen_hf), derived_total(styles["Qwen2-0.5B"]))
+checks.equal("Qwen2-0.5B: published", 494_032_768, count_parameters(styles["Qwen2-0.5B"]))
+checks.equal("GPT-2 small: published (tied)", 124_439_808, count_parameters(styles["GPT-2 small"]))
+checks.equal("Llama 2 7B: published", 6_738_415_616, count_parameters(styles["Llama 2 7B"]))
 checks
 
 # %% [markdown]
@@ -260,67 +380,90 @@ checks
 # Count the forward pass the way PyTorch's `FlopCounterMode` does: matrix products only, and
 # 2 FLOPs per multiply-add, so an $(a \times b)(b \times c)$ product costs $2abc$. Biases,
 # norms, activations, the softmax, RoPE and the embedding lookup are left out; they are
-# $O(d)$ per token against the $O(d^2)$ of the products. Per token, on a sequence of $T$:
-#
-# * attention projections: $2d \cdot (H + 2H_{kv}) d_h$ for $q, k, v$ and $2 H d_h \cdot d$
-#   for the output;
-# * attention proper: the scores $QK^\top$ cost $2T H d_h$ per token and the mix $AV$ as
-#   much again: this is the only term that grows with $T$ (the full $T \times T$ square, as
-#   the book's attention computes it; a causal kernel that skips the masked half does half);
-# * feed-forward: $2 m\, d\, d_{ff}$; the output layer: $2dV$.
+# $O(d)$ per token against the $O(d^2)$ of the products. As for the parameters, the count is
+# built from the shapes of the products. A sequence of $T$ tokens is a $T \times d$ matrix,
+# so a projection $d \to n$ is a $(T \times d)(d \times n)$ product; per head, the scores
+# $QK^\top$ are $(T \times d_h)(d_h \times T)$ and the mix $AV$ is $(T \times T)(T \times
+# d_h)$, the full square, as the book's attention computes it (a causal kernel that skips
+# the masked half does half). Dividing by $T$ gives the cost per token:
 
 # %%
-F_layer = 2 * d * (H + 2 * H_kv) * d_h + 2 * H * d_h * d + 2 * T * H * d_h * 2 + 2 * m * d * d_ff
-F_token = L * F_layer + 2 * d * V
-assert sp.simplify(F_token - flops_per_token_symbolic()) == 0
+show_source(matmul_flops)
+
+# %%
+show_source(flops_terms_symbolic)
+
+# %%
+for name, expr in flops_terms_symbolic().items():
+    display(sp.Eq(sp.Symbol(r"C_{\mathrm{" + name.replace("_", r"\_") + "}}"), expr))
+F_token = flops_per_token_symbolic()
 display(sp.Eq(sp.Symbol("C_{fwd}/token"), sp.collect(sp.expand(F_token), [L, T])))
 
 # %% [markdown]
-# The familiar approximation "$C \approx 2N$ FLOPs per token" falls out: the number of
-# parameters that enter matrix products is $N_{mm} = L(P_{attn} + P_{ffn}) + dV$ without
-# biases (the embedding lookup multiplies nothing, but a tied $E$ is used again as the output
-# layer, and an untied $W_{out}$ is a product too). Every such weight does one multiply-add
-# per token, 2 FLOPs. What remains is the attention term $4LTHd_h$:
+# The attention scores are the only term that grows with $T$. The familiar approximation
+# "$C \approx 2N$ FLOPs per token" falls out: the parameters that enter matrix products
+# number $N_{mm} = L(N_{attention} + N_{mlp}) + dV$ without biases (the embedding lookup
+# multiplies nothing, but a tied $E$ is used again as the output layer, and an untied
+# $W_{out}$ is a product too). Subtracting $2N_{mm}$, built from the *parameter* terms, from
+# the FLOP count, built from the *product* shapes, leaves the attention term $4LTHd_h$:
 
 # %%
-N_mm = (L * (P_attn + P_ffn) + d * V).subs({b_qkv: 0, b_o: 0, b_mlp: 0})
-attention_term = sp.expand(F_token - 2 * N_mm)
-assert sp.simplify(attention_term - 4 * L * T * H * d_h) == 0
+no_bias = {b_qkv: 0, b_o: 0, b_mlp: 0}
+N_mm = (L * (terms["attention"] + terms["mlp"]) + d * V).subs(no_bias)
+attention_term = sp.factor(sp.expand(F_token - 2 * N_mm))
 display(sp.Eq(sp.Symbol("C_{fwd}/token"), sp.Add(2 * sp.Symbol("N_{mm}"), attention_term,
                                                   evaluate=False)))
 
 # %% [markdown]
-# `FlopCounterMode` must agree exactly, for every family and several lengths. The book's
-# attention is used for this count: PyTorch's fused CPU attention kernel is invisible to
-# the counter (the second table shows what it misses: precisely the attention term). The
-# full-size Qwen2-0.5B runs a $T = 2048$ forward pass on the meta device: no numbers are
-# computed, only shapes, so the count takes a fraction of a second.
+# **Against `FlopCounterMode`**, module by module. The counter reports the FLOPs of every
+# submodule: a block's `attn` holds the four projections (`aten.mm`) and the scores and mix
+# (`aten.bmm`), its `mlp` the feed-forward products, and what is left outside the blocks is
+# the output layer. The book's attention is used for this count: PyTorch's fused CPU
+# attention kernel is invisible to the counter (the second table shows what it misses:
+# precisely the attention term). The full-size Qwen2-0.5B runs a $T = 2048$ forward pass on
+# the meta device: no numbers are computed, only shapes, so the count takes a fraction of a
+# second.
 
 # %%
 def counted_flops(model, B, T_):
+    """FlopCounterMode on a (B, T) forward pass: (total, per-component dict)."""
     counter = FlopCounterMode(display=False)
     with counter, torch.no_grad():
         model(torch.zeros(B, T_, dtype=torch.long, device=model.embed.weight.device))
-    return counter.get_total_flops()
+    per_module = counter.get_flop_counts()
+    parts = dict.fromkeys(("attention_projections", "attention_scores", "mlp", "lm_head"), 0)
+    for i in range(model.config.n_layers):
+        attn = per_module.get(f"TransformerLM.blocks.{i}.attn", {})
+        parts["attention_scores"] += attn.get(torch.ops.aten.bmm, 0)
+        parts["attention_projections"] += attn.get(torch.ops.aten.mm, 0) + attn.get(torch.ops.aten.addmm, 0)
+        parts["mlp"] += sum(per_module.get(f"TransformerLM.blocks.{i}.mlp", {}).values())
+    parts["lm_head"] = counter.get_total_flops() - sum(parts.values())
+    return counter.get_total_flops(), parts
 
 
-checks = Checks("FLOPs: closed form x B T vs FlopCounterMode")
+def derived_flops(c, B, T_):
+    t = {k: int(v.subs(symbol_values(c, T_))) for k, v in flops_terms_symbolic().items()}
+    return {k: B * T_ * (v if k == "lm_head" else c.n_layers * v) for k, v in t.items()}
+
+
+checks = Checks("FLOPs: derived terms x B T vs FlopCounterMode (proj, scores, mlp, head)")
 missed = {}
 for family in ("gpt2", "llama", "qwen2"):
     model = from_hf(hf_small(family, tied=family != "llama"))
     for B_, T_ in ((1, 32), (3, 13)):
         model.set_fused_attention(False)
-        checks.equal(f"{family}, B={B_}, T={T_}", B_ * T_ * flops_per_token(model.config, T_),
-                     counted_flops(model, B_, T_))
+        total, parts = counted_flops(model, B_, T_)
+        want = derived_flops(model.config, B_, T_)
+        checks.equal(f"{family}, B={B_}, T={T_}", list(want.values()), list(parts.values()))
         model.set_fused_attention(True)
-        gap = B_ * T_ * flops_per_token(model.config, T_) - counted_flops(model, B_, T_)
-        missed[(family, B_, T_)] = (gap, model.config)
+        missed[(family, B_, T_)] = (total - counted_flops(model, B_, T_)[0], model.config)
 with torch.device("meta"):
     qwen = from_hf(qwen_hf)
 qwen.set_fused_attention(False)
 qwen_flops = flops_per_token(qwen.config, 2048)
-checks.equal("Qwen2-0.5B (meta), B=1, T=2048", 2048 * qwen_flops, counted_flops(qwen, 1, 2048))
-checks.equal("symbolic form at Qwen2-0.5B, T=2048", qwen_flops,
+checks.equal("Qwen2-0.5B (meta), B=1, T=2048: total", int(F_token.subs(symbol_values(qwen.config, 2048))) * 2048,
+             counted_flops(qwen, 1, 2048)[0])
+checks.equal("flops_per_token (integers) = derived, Qwen2-0.5B", qwen_flops,
              int(F_token.subs(symbol_values(qwen.config, 2048))))
 checks
 
@@ -481,6 +624,306 @@ for name, c in shapes.items():
 # looked up (its output layer is a separate matrix), and GPT-2's position table is only
 # added. For models much wider than their context, $C_{fwd} \approx 2N$ is good to a few percent.
 #
+# ## 7.8 A working language model
+#
+# Part II ends with everything a language model needs. To see it work, take real text,
+# chapter 1's corpus (the docstrings of Python's standard library), and the byte-level BPE
+# tokenizer of $V = 1024$ tokens that chapter 1's `train_bpe` learns from the whole corpus
+# (the book ships it with the text model that chapter 10 trains). The first 200 kB, cut at
+# a character boundary, become one long sequence of token ids; the first 90% is for
+# training, the rest is held out (from the models below; the tokenizer saw the whole corpus):
+
+# %%
+model_dir = stdlib_docs_path().parent / "models" / "text"
+bpe_vocab, bpe_merges, _ = read_gpt2_files(model_dir / "encoder.json", model_dir / "vocab.bpe")
+tokenizer = BPETokenizer(bpe_vocab, bpe_merges)
+corpus = load_stdlib_docs(max_bytes=200_000)
+tokens = torch.tensor(tokenizer.encode(corpus))  # (N,)
+n_train = int(0.9 * len(tokens))
+train_ids, held_out_ids = tokens[:n_train], tokens[n_train:]
+V_bpe = len(bpe_vocab)
+print(f"{len(corpus.encode()):,} bytes -> {len(tokens):,} tokens; V = {V_bpe}; "
+      f"train {len(train_ids):,}, held out {len(held_out_ids):,}")
+print("first 12 tokens:", [bpe_vocab[i].decode("utf-8", "replace") for i in tokens[:12].tolist()])
+
+# %% [markdown]
+# A language model predicts token $t + 1$ from tokens $1..t$ at every position at once (the
+# causal mask of chapter 4 hides the future), so a training example is a window of $T + 1$
+# consecutive tokens: the first $T$ are the input, the last $T$, the same window **shifted
+# by one**, are the targets. The loss is chapter 3's cross-entropy averaged over all $B T$
+# positions.
+
+# %%
+T_ctx, B_lm = 32, 8
+
+
+def windows(data, starts):
+    """Inputs and shifted targets: (B, T) each, from windows data[s : s + T + 1]."""
+    x = torch.stack([data[s:s + T_ctx] for s in starts.tolist()])  # (B, T)
+    y = torch.stack([data[s + 1:s + T_ctx + 1] for s in starts.tolist()])  # (B, T): x shifted by one
+    return x, y
+
+
+x_demo, y_demo = windows(train_ids, torch.tensor([0]))
+print("input :", tokenizer.decode(x_demo[0, :10].tolist()).replace("\n", "\\n"))
+print("target:", tokenizer.decode(y_demo[0, :10].tolist()).replace("\n", "\\n"))
+
+# %% [markdown]
+# **The loss at initialisation.** Before training, the loss should be about $\log V$, the
+# cross-entropy of a uniform guess. Why: the final norm makes $h$ of size $\|h\| \approx
+# \sqrt d$, and the output weights are $\mathcal N(0, 0.02^2)$, so each logit $z_v = h \cdot
+# E_v$ is of size $\sigma = 0.02\sqrt d$, small, and the softmax of nearly equal logits is
+# nearly uniform. SymPy gives the correction: write the logits as $\varepsilon a_v$ and
+# expand the loss $\log\sum_v e^{\varepsilon a_v} - \varepsilon a_y$ in $\varepsilon$ (three
+# tokens suffice to see the pattern):
+
+# %%
+eps_, a1, a2, a3 = sp.symbols("varepsilon a_1 a_2 a_3", real=True)
+a_ = (a1, a2, a3)
+loss_expansion = sp.series(sp.log(sum(sp.exp(eps_ * a) for a in a_)) - eps_ * a1, eps_, 0, 3).removeO()
+display(sp.Eq(sp.Symbol(r"\ell"), sp.collect(sp.expand(loss_expansion), eps_)))
+mean_a, mean_a2 = sum(a_) / 3, sum(a * a for a in a_) / 3
+assert sp.simplify(loss_expansion.coeff(eps_, 0) - sp.log(3)) == 0
+assert sp.simplify(loss_expansion.coeff(eps_, 1) - (mean_a - a1)) == 0
+assert sp.simplify(loss_expansion.coeff(eps_, 2) - (mean_a2 - mean_a**2) / 2) == 0
+
+# %% [markdown]
+# The constant is $\log V$, the first-order term is the mean logit minus the target's, and
+# the second is half the spread of the logits. For logits with mean 0 and variance
+# $\sigma^2$, independent of the target, the expected first-order term vanishes and the
+# spread has mean $\sigma^2 (1 - 1/V)$:
+#
+# $$ \mathbb E[\ell_{init}] \approx \log V + \tfrac12 \sigma^2 (1 - 1/V), \qquad \sigma^2 = 0.02^2 d. $$
+#
+# A GPT-2-style model of width 64 and 2 layers (168 thousand parameters, in float64 so that
+# every CPU computes the same run), on 32 held-out windows, for which $\sigma^2 = 0.0256$:
+
+# %%
+g_lm = torch.Generator().manual_seed(0)
+lm_config = TransformerConfig.gpt2_style(vocab_size=V_bpe, d_model=64, n_layers=2, n_heads=4,
+                                         max_seq_len=T_ctx)
+lm = TransformerLM(lm_config).double()
+lm.reset_parameters(g_lm)  # drawn in float64: see below
+eval_starts = torch.arange(32) * (len(held_out_ids) - T_ctx - 1) // 31  # 32 fixed windows
+x_eval, y_eval = windows(held_out_ids, eval_starts)
+
+
+def held_out_loss(model):
+    with torch.no_grad():
+        return cross_entropy(model(x_eval), y_eval).item()  # nats/token
+
+
+sigma2 = 0.02**2 * lm_config.d_model
+loss0 = held_out_loss(lm)
+print(f"N = {n_params(lm):,}; initial held-out loss {loss0:.3f}, log V = {math.log(V_bpe):.3f}, "
+      f"log V + sigma^2 (1 - 1/V) / 2 = {math.log(V_bpe) + sigma2 * (1 - 1 / V_bpe) / 2:.3f}")
+checks = Checks("loss at initialisation (nats/token)")
+checks.close("initial loss vs log V", math.log(V_bpe), loss0, tol=0.05, digits=3)
+checks.close("initial loss vs log V + sigma^2 (1 - 1/V)/2", math.log(V_bpe) + sigma2 * (1 - 1 / V_bpe) / 2,
+             loss0, tol=0.05, digits=3)
+checks
+
+# %% [markdown]
+# Both agree to a few hundredths. The rest is not noise that more windows would average
+# away: the expectation is over initialisations, and in one initialisation the few most
+# frequent targets (newlines, spaces, "the") have fixed random output vectors whose logits
+# happen to sit a little above or below the mean. A loss far above $\log V$ at the start
+# means the logits are too large (an initialisation bug); far below, that the targets leaked
+# into the inputs (a missing shift or mask).
+#
+# **A few steps of training.** Sixty steps of AdamW (chapter 9 derives it; here it is
+# PyTorch's) on random windows of the training part, 8 windows of 32 tokens each, with the
+# held-out loss every 20 steps. The initial weights were drawn in float64, not drawn in
+# float32 and converted: PyTorch's vectorised normal sampler rounds the last bit of a few
+# float32 draws differently on different CPUs, and sixty steps of training with a large
+# learning rate magnify that difference into the third decimal of the loss. Drawn in float64,
+# the run is the same on every machine to far more digits than are printed.
+
+# %%
+opt = torch.optim.AdamW(lm.parameters(), lr=1e-2, weight_decay=0.0)
+lm_history = {0: loss0}
+for step in range(1, 61):
+    x_b, y_b = windows(train_ids, torch.randint(0, n_train - T_ctx - 1, (B_lm,), generator=g_lm))
+    loss = cross_entropy(lm(x_b), y_b)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if step % 20 == 0:
+        lm_history[step] = held_out_loss(lm)
+for step, value in lm_history.items():
+    print(f"step {step:3d}: held-out loss {value:.2f} nats/token")
+checks = Checks("training lowers the held-out loss")
+checks.true("loss after 60 steps < initial - 0.8 nats", lm_history[60] < loss0 - 0.8,
+            got=round(loss0 - lm_history[60], 2))
+checks
+
+# %% [markdown]
+# **Sampling.** The model gives a distribution over the next token; draw one from it, append
+# it and repeat (chapter 12 treats temperature, top-k and top-p). With a seeded generator the
+# sample is the same on every run:
+
+# %%
+g_sample = torch.Generator().manual_seed(0)
+sample = torch.tensor([tokenizer.encode("Return the")])  # (1, t)
+with torch.no_grad():
+    for _ in range(40):
+        probs = torch.softmax(lm(sample[:, -T_ctx:])[:, -1], dim=-1)  # (1, V): next-token distribution
+        sample = torch.cat([sample, torch.multinomial(probs, 1, generator=g_sample)], dim=1)
+print(repr(tokenizer.decode(sample[0].tolist())))
+
+# %% [markdown]
+# After sixty steps the model has learned frequent words and some of the punctuation of
+# docstrings, not yet grammar; chapter 10 trains a wider, deeper model of the same kind for
+# a thousand steps on the whole corpus.
+#
+# ## 7.9 Bits per byte
+#
+# The loss in nats per token, and the perplexity $e^{\text{loss}}$, depend on the
+# tokenizer: a tokenizer with longer tokens has fewer, harder predictions to make. Two
+# models with different tokenizers are compared on what they both predict, the text. The
+# negative log-likelihood of a text is the sum of the per-token losses, $\text{loss} \times
+# n_{tokens}$ nats; divided by the number of UTF-8 bytes and converted to bits,
+#
+# $$ \text{bits per byte} = \frac{\text{loss} \cdot n_{tokens}}{n_{bytes} \ln 2}
+#    = \frac{\text{loss}}{\ln 2 \cdot (\text{bytes per token})}, $$
+#
+# with chapter 1's compression ratio, bytes per token, in the denominator. Any tokenizer
+# that can write every text (a byte-level one can) gives the text a probability, and bits
+# per byte is $-\log_2$ of that probability per byte, whatever the tokens were.
+#
+# To see the difference, fit the simplest model under two tokenizers, raw bytes ($V = 256$)
+# and the book's BPE, on the same training text: a **unigram** model, the frequency of
+# each token with add-one smoothing, then score the same held-out text. Both numbers are
+# counts, so they are the same on every machine:
+
+# %%
+def unigram_scores(train, held_out, vocab_size, n_bytes):
+    """Add-one unigram model: held-out (nats/token, perplexity/token, bits/byte)."""
+    counts = torch.bincount(train, minlength=vocab_size).double() + 1.0  # (V,)
+    nats = -(counts / counts.sum()).log()[held_out].mean().item()
+    return nats, math.exp(nats), nats * len(held_out) / (n_bytes * math.log(2))
+
+
+def as_bytes(ids):
+    return torch.tensor(list(b"".join(bpe_vocab[i] for i in ids.tolist())))
+
+
+train_bytes, held_out_bytes = as_bytes(train_ids), as_bytes(held_out_ids)  # the same text, as bytes
+n_held_out = len(held_out_bytes)
+rows = {"unigram, bytes": (*unigram_scores(train_bytes, held_out_bytes, 256, n_held_out), 1.0),
+        "unigram, BPE": (*unigram_scores(train_ids, held_out_ids, V_bpe, n_held_out),
+                         n_held_out / len(held_out_ids))}
+with torch.no_grad():  # the transformer of 7.8 on the whole held-out part, in windows of T
+    n_win = (len(held_out_ids) - 1) // T_ctx
+    x_h = held_out_ids[:n_win * T_ctx].view(n_win, T_ctx)
+    y_h = held_out_ids[1:n_win * T_ctx + 1].view(n_win, T_ctx)
+    nats = cross_entropy(lm(x_h), y_h).item()
+    n_bytes_h = len(as_bytes(y_h.reshape(-1)))
+rows["transformer (7.8), BPE"] = (nats, math.exp(nats), nats * y_h.numel() / (n_bytes_h * math.log(2)),
+                                  n_bytes_h / y_h.numel())
+print(f"{'model, tokenizer':24s}{'nats/token':>11s}{'perplexity':>12s}{'bytes/token':>13s}{'bits/byte':>11s}")
+for name, (nats_, ppl, bpb, bpt) in rows.items():
+    print(f"{name:24s}{nats_:11.3f}{ppl:12.1f}{bpt:13.3f}{bpb:11.3f}")
+
+# %% [markdown]
+# Per token, the byte model looks far better (perplexity 26.5 against 352) and the BPE
+# model far worse; per byte the order is the other way round, 4.73 bits against 3.44. Both
+# are unigram models, but a BPE token carries about 2.5 bytes of context inside it, so the
+# BPE unigram predicts the text better, and only bits per byte shows it. Perplexities are
+# comparable only between models that share a tokenizer; bits per byte compares any two.
+# The transformer, after its sixty steps, is close to the BPE unigram but not yet better
+# (3.51 bits per byte against 3.44): so far it has learned roughly the token frequencies.
+# The model chapter 10 trains reaches about 2.06 bits per byte on its held-out text.
+#
+# ## 7.10 The worked example: logits and cross-entropy
+#
+# Chapters 4 and 6 followed a published hand-computed example, "the cat sat", through one
+# layer of a toy model (vocabulary *the, cat, sat, on, mat*; $d = 4$; the source printed
+# every intermediate value, rounded by hand; `llmbook.text.worked_example` loads it). The
+# source's last steps belong here: the hidden state of the last token, $h_{last}$, the
+# LayerNorm output of chapter 6, goes through the output layer, $z = W_{out} h_{last}$ ($W_{out}$
+# of shape $5 \times 4$, not tied to $E$), and the loss for the target *on* is the
+# cross-entropy $-\log \operatorname{softmax}(z)_{on}$. The source also quotes $-\log 0.99$ and
+# $-\log 0.01$ to show how the loss punishes a confident mistake. All of it is recomputed with
+# the book's own layers in float64: chapter 6's `MLP` (ReLU) and `LayerNorm` (population
+# variance, $\varepsilon = 0$, as the source does it; its feed-forward layer acts on the
+# embedding of *sat* alone) and chapter 3's `cross_entropy`.
+
+# %%
+ex = load_the_cat_sat()
+inp = ex.inputs
+print(inp["ffn_note"])
+ffn = MLP(4, 3, activation="relu", bias=True).double()
+norm_we = LayerNorm(4, eps=0.0).double()
+with torch.no_grad():
+    ffn.fc.weight.copy_(inp["W1"])
+    ffn.fc.bias.copy_(inp["b1"])
+    ffn.proj.weight.copy_(inp["W2"])
+    ffn.proj.bias.copy_(inp["b2"])
+    x_sat = inp["E"][ex.input_ids[-1]]  # (4,): the embedding of "sat"
+    h_last = norm_we(x_sat + ffn(x_sat))  # (4,): chapter 6's residual and LayerNorm
+    z_exact = F.linear(h_last, inp["W_out"])  # (5,): z = W_out h_last
+    z_from_rounded = F.linear(ex.published_tensor("h_last_used_downstream"), inp["W_out"])
+    target = torch.tensor([ex.vocabulary.index(inp["target_for_cross_entropy"])])  # "on"
+    ce_exact = cross_entropy(z_exact[None], target)
+    ce_from_rounded = cross_entropy(z_from_rounded[None], target)
+    ce_from_printed_logits = cross_entropy(ex.published_tensor("logits")[None], target)
+
+
+def nll_of_probability(prob):
+    """-log prob through cross_entropy: a two-way softmax whose target has probability prob."""
+    logits = torch.tensor([[math.log(prob), math.log(1 - prob)]], dtype=torch.float64)
+    return cross_entropy(logits, torch.tensor([0]))
+
+
+print("h_last =", [round(v, 6) for v in h_last.tolist()])
+print("z      =", [round(v, 6) for v in z_exact.tolist()])
+print(f"cross-entropy for 'on': {ce_exact.item():.6f}; from the source's rounded h_last "
+      f"{ce_from_rounded.item():.6f}; from its printed logits {ce_from_printed_logits.item():.6f}")
+
+table = PublishedComparison("the cat sat, chapter 7: logits and cross-entropy")
+table.add("logits", ex.published["logits"], z_exact, from_rounded=z_from_rounded)
+table.add("cross_entropy_on", ex.published["cross_entropy_on"], ce_exact, from_rounded=ce_from_rounded)
+table.add("cross_entropy_if_p_0.99", ex.published["cross_entropy_if_p_0.99"], nll_of_probability(0.99))
+table.add("cross_entropy_if_p_0.01", ex.published["cross_entropy_if_p_0.01"], nll_of_probability(0.01))
+table
+
+# %% [markdown]
+# What the table says. The source's printed logits are $[-0.336, 0.261, 0.260, -0.004, 0.341]$;
+# the exact ones are $[-0.33672, 0.26048, 0.26058, -0.00248, 0.34179]$. Three were **cut,
+# not rounded** ($-0.3367 \to -0.336$, $0.2606 \to 0.260$, $0.3418 \to 0.341$), and two are
+# off in the last digit: $0.261$ where both the exact value and the one from the source's own
+# rounded $h_{last}$ round to $0.260$, and $-0.004$ where they give $-0.002$ and $-0.003$.
+# These are slips of about one unit in the third decimal; they do not change which token
+# wins. The cross-entropy $1.7454$ is the exact $1.745461$ **truncated**, and it is *not*
+# what the source's own printed logits give ($1.7466$): the source did not carry its own
+# numbers forward here. The two illustrations, $-\log 0.99 = 0.0101$ and $-\log 0.01 =
+# 4.6052$, are right. Chapter 12 takes the same logits on to temperature, top-k and top-p,
+# where the source's mistakes are larger.
+#
+# ## Summary
+#
+# * A decoder-only transformer is an embedding, $L$ pre-norm blocks $x \leftarrow x +
+#   \operatorname{Attn}(\operatorname{Norm} x)$, $x \leftarrow x + \operatorname{FFN}(\operatorname{Norm} x)$,
+#   a final norm and an output layer; `minimal_forward` is the whole forward pass in a
+#   dozen lines, and `TransformerLM.forward` computes the same logits (checked in float64)
+#   with the cache, position and mask branches later chapters need.
+# * GPT-2, Llama and Qwen2 differ in a handful of configuration switches: the norm and its
+#   $\varepsilon$ (Llama 2: RMSNorm, $10^{-5}$), learned positions or RoPE, GELU MLP or
+#   SwiGLU, biases, grouped-query heads, tied or untied output layer.
+# * The parameter count and the forward FLOPs per token were built in SymPy from the shapes
+#   of the tensors and products, and checked independently: by enumerating `numel()` over
+#   real models component by component, against Hugging Face's counts (Qwen2-0.5B:
+#   494,032,768), and module by module against `FlopCounterMode`. The forward pass costs
+#   $2N_{mm} + 4LTHd_h$ FLOPs per token, so "$2N$" is good when $T \ll 6d$.
+# * The model loads Hugging Face GPT-2, Llama and Qwen2 weights and reproduces their logits
+#   to float32 round-off.
+# * Trained on tokenized text with targets shifted by one, it starts at a loss of about
+#   $\log V$ (nearly uniform logits; the correction is $\sigma^2/2$), learns in a few
+#   seconds and samples text. Perplexity depends on the tokenizer; bits per byte does not.
+# * In the published worked example, the logits and cross-entropy were truncated or off in
+#   the last digit, and the cross-entropy was not computed from the source's own logits.
+#
 # ## Exercises
 #
 # Reference solutions are in `notebooks/solutions/07_decoder.py` and are checked by
@@ -500,3 +943,8 @@ for name, c in shapes.items():
 # 4. (★) **When does attention dominate?** Find, with SymPy, the length $T^*$ at which the
 #    attention-score FLOPs equal all the other forward FLOPs, for Qwen2-0.5B and for Llama 2
 #    7B. Why is $T^*$ so different?
+# 5. (★) **A model that knows nothing.** The uniform model gives every token probability
+#    $1/V$. Compute, with `cross_entropy` on all-zero logits, its perplexity per token and
+#    its bits per byte on the text of section 7.8, once over raw bytes ($V = 256$) and once
+#    over the book's BPE ($V = 1024$). Which tokenizer makes the uniform model look better
+#    by each measure, and why does bits per byte of the byte model not depend on the text?

@@ -8,7 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.func import functional_call
 
-from llmbook.transformer.model import DecoderBlock, TransformerConfig, TransformerLM
+from llmbook.transformer.model import (
+    DecoderBlock,
+    TransformerConfig,
+    TransformerLM,
+    minimal_forward,
+)
 
 
 def tiny(style: str = "llama", **kw) -> TransformerConfig:
@@ -246,3 +251,39 @@ def test_gradcheck_float64(style):
         return functional_call(model, dict(zip(names, ps, strict=True)), (ids,))
 
     assert torch.autograd.gradcheck(f, params, eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- the teaching version
+
+
+@pytest.mark.parametrize("style,tied", [("gpt2", True), ("gpt2", False), ("llama", False),
+                                        ("llama", True), ("qwen2", True)])
+def test_minimal_forward_equals_forward(style, tied):
+    # non-square shapes, grouped-query heads for the RoPE families, every parameter perturbed
+    # (biases and gains included, so a forgotten bias or norm would show)
+    kv = {} if style == "gpt2" else {"n_kv_heads": 2}
+    c = tiny(style, d_model=28, n_heads=4, d_head=6, n_layers=3, tie_embeddings=tied, **kv)
+    g = torch.Generator().manual_seed(3)
+    model = TransformerLM(c, generator=g).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    ids = torch.randint(0, c.vocab_size, (3, 13), generator=g)
+    for fused in (True, False):
+        model.set_fused_attention(fused)
+        got, want = minimal_forward(model, ids), model(ids)
+        assert got.shape == (3, 13, c.vocab_size)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    # a wrong model would differ: dropping the final norm changes the logits by O(1)
+    model.final_norm.weight.data.mul_(2.0)
+    assert (minimal_forward(model, ids) - want).abs().max() > 1e-2
+
+
+def test_minimal_forward_rejects_bad_input():
+    model = TransformerLM(tiny("gpt2"))
+    with pytest.raises(TypeError, match="model"):
+        minimal_forward(torch.nn.Linear(2, 2), torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="ids"):
+        minimal_forward(model, torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="ids"):
+        minimal_forward(model, torch.zeros(1, 3))

@@ -11,12 +11,17 @@ from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausa
 from llmbook.transformer.hf_loading import from_hf
 from llmbook.transformer.model import TransformerConfig, TransformerLM
 from llmbook.transformer.sizing import (
+    SYMBOLS,
     count_parameters,
     count_parameters_symbolic,
     flops_per_token,
     flops_per_token_symbolic,
     flops_shares,
+    flops_terms_symbolic,
+    linear_parameters,
+    matmul_flops,
     parameter_shares,
+    parameter_terms_symbolic,
     symbol_values,
 )
 
@@ -121,3 +126,66 @@ def test_bad_arguments():
         flops_per_token(c, 0)
     with pytest.raises(TypeError, match="expected a TransformerConfig, got dict"):
         count_parameters({"vocab_size": 10})
+
+
+def _numel(params) -> int:
+    return sum(p.numel() for p in params)
+
+
+@settings(max_examples=20, deadline=None)
+@given(c=configs)
+def test_parameter_terms_equal_the_tensors_of_each_component(c):
+    """Each symbolic term against the sum of numel() over the matching submodules (enumeration)."""
+    with torch.device("meta"):
+        model = TransformerLM(c)
+    t = {k: int(v.subs(symbol_values(c))) for k, v in parameter_terms_symbolic().items()}
+    assert t["embedding"] == model.embed.weight.numel()
+    assert t["positions"] == (0 if model.pos_embed is None else model.pos_embed.weight.numel())
+    assert t["lm_head"] == (0 if model.lm_head is None else model.lm_head.weight.numel())
+    assert t["norm"] == _numel(model.final_norm.parameters())
+    for block in model.blocks:
+        assert t["attention"] == _numel(block.attn.parameters())
+        assert t["mlp"] == _numel(block.mlp.parameters())
+        assert 2 * t["norm"] == _numel(block.attn_norm.parameters()) + _numel(block.mlp_norm.parameters())
+
+
+@settings(max_examples=10, deadline=None)
+@given(c=configs, B=st.integers(1, 3), T=st.integers(1, 5))
+def test_flops_terms_equal_the_counter_module_by_module(c, B, T):
+    model = TransformerLM(c)
+    model.set_fused_attention(False)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(torch.zeros(B, T, dtype=torch.long))
+    counts = {k: sum(v.values()) for k, v in counter.get_flop_counts().items()}
+    t = {k: int(v.subs(symbol_values(c, T))) for k, v in flops_terms_symbolic().items()}
+    blocks = 0
+    for i in range(c.n_layers):
+        attn = counter.get_flop_counts()[f"TransformerLM.blocks.{i}.attn"]
+        mm = sum(v for op, v in attn.items() if "bmm" not in str(op))
+        assert mm == B * T * t["attention_projections"]
+        assert attn.get(torch.ops.aten.bmm, 0) == B * T * t["attention_scores"]
+        assert counts[f"TransformerLM.blocks.{i}.mlp"] == B * T * t["mlp"]
+        blocks += counts[f"TransformerLM.blocks.{i}"]
+    assert counts["Global"] - blocks == B * T * t["lm_head"]
+
+
+def test_building_blocks_against_torch():
+    n_in, n_out = sp.symbols("n_in n_out")
+    for bias in (0, 1):
+        layer = torch.nn.Linear(5, 7, bias=bool(bias))
+        assert linear_parameters(n_in, n_out, bias).subs({n_in: 5, n_out: 7}) == _numel(layer.parameters())
+    counter = FlopCounterMode(display=False)
+    with counter:
+        torch.randn(3, 4) @ torch.randn(4, 6)
+    assert counter.get_total_flops() == matmul_flops(3, 4, 6) == 144
+
+
+def test_symbolic_collapses_to_12_L_d_squared():
+    """GPT-2's switches give 12 L d^2 + 13 L d + V d + T_max d + 2 d (the classic count)."""
+    V, d, L, H, H_kv, d_h, d_ff, m, T, T_max, b_qkv, b_o, b_mlp, b_n, u, p = SYMBOLS
+    gpt2 = count_parameters_symbolic().subs({H_kv: H, d_h: d / H, d_ff: 4 * d, m: 2, b_qkv: 1, b_o: 1,
+                                             b_mlp: 1, b_n: 1, u: 0, p: 1})
+    poly = sp.Poly(sp.expand(gpt2), L, d, V, T_max)
+    assert poly.coeff_monomial(L * d**2) == 12 and poly.coeff_monomial(L * d) == 13
+    assert poly.coeff_monomial(d) == 2 and poly.coeff_monomial(V * d) == 1

@@ -70,3 +70,21 @@ def test_exercise_4_attention_crossover():
     q, ll = (float(solutions.attention_crossover(c)) for c in
              (TransformerConfig.qwen2_style(), TransformerConfig.llama_style()))
     assert 11000 < q < 12000 and 25000 < ll < 26000
+
+
+def test_exercise_5_uniform_bits_per_byte():
+    from llmbook.text.corpus import load_stdlib_docs, stdlib_docs_path
+    from llmbook.text.tokenizer import BPETokenizer, read_gpt2_files
+
+    text = load_stdlib_docs(max_bytes=20_000)
+    ppl, bpb = solutions.uniform_bits_per_byte(text)
+    assert ppl == pytest.approx(256, rel=1e-12) and bpb == pytest.approx(8.0, rel=1e-12)
+    folder = stdlib_docs_path().parent / "models" / "text"
+    tok = BPETokenizer(*read_gpt2_files(folder / "encoder.json", folder / "vocab.bpe")[:2])
+    ppl_bpe, bpb_bpe = solutions.uniform_bits_per_byte(text, tok)
+    n_tokens = len(tok.encode(text))
+    assert ppl_bpe == pytest.approx(1024, rel=1e-12)
+    assert bpb_bpe == pytest.approx(10 * n_tokens / len(text.encode()), rel=1e-12)
+    assert bpb_bpe < bpb and ppl_bpe > ppl  # higher perplexity per token, fewer bits per byte
+    # a text of two-byte characters: bytes per character double, bits per byte stay 8
+    assert solutions.uniform_bits_per_byte("é" * 50)[1] == pytest.approx(8.0)

@@ -173,7 +173,8 @@ def train_lm(model: TransformerLM, train_ids: Any, val_ids: Any, train: dict[str
 MOE_VS_DENSE_RECIPE: dict[str, Any] = {
     "data": {"corpus": "stdlib_docs", "tokenizer": "book_model('text')", "val_fraction": 0.1},
     "model": TransformerConfig.llama_style(vocab_size=1024, d_model=64, n_layers=2, n_heads=4,
-                                           max_seq_len=64, d_ff=128, tie_embeddings=True).to_dict(),
+                                           max_seq_len=64, d_ff=128, tie_embeddings=True,
+                                           norm_eps=1e-6).to_dict(),
     "moe": {"num_experts": 8, "top_k": 2, "d_ff": 64},
     "train": {"steps": 600, "batch_size": 16, "context_length": 64, "lr": 3e-3, "min_lr": 3e-4,
               "warmup_steps": 20, "weight_decay": 0.1, "grad_clip": 1.0, "eval_every": 50,

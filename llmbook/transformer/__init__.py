@@ -3,7 +3,8 @@
 Chapter → module → what it defines:
 
 * 4 Attention → :mod:`~llmbook.transformer.attention`: ``scaled_dot_product_attention``,
-  ``causal_mask``, ``MultiHeadAttention`` (with grouped-query heads), ``attention_flops``,
+  ``causal_mask``, ``minimal_multi_head_attention`` (the teaching version),
+  ``MultiHeadAttention`` (grouped-query heads, any leading dimensions), ``attention_flops``,
   and ``AttentionCache``, the interface a key/value cache offers the model (the cache
   itself is inference code, chapter 12).
 * 5 Positions → :mod:`~llmbook.transformer.positional`: sinusoidal and learned positions,
@@ -11,10 +12,12 @@ Chapter → module → what it defines:
 * 6 Norms and the feed-forward layer → :mod:`~llmbook.transformer.layers`:
   ``LayerNorm``, ``RMSNorm`` and their Jacobians, ``gelu``, ``MLP``, ``SwiGLU``.
 * 7 The decoder → :mod:`~llmbook.transformer.model`: ``TransformerConfig`` (GPT-2,
-  Llama, Qwen2 styles), ``DecoderBlock``, ``TransformerLM``;
+  Llama, Qwen2 styles), ``DecoderBlock``, ``TransformerLM`` and ``minimal_forward`` (its
+  teaching version);
   :mod:`~llmbook.transformer.hf_loading`: ``from_hf`` and ``config_from_hf`` (Hugging
   Face weights into the book's model); :mod:`~llmbook.transformer.sizing`: closed-form
-  ``count_parameters`` and ``flops_per_token``, numeric and symbolic.
+  ``count_parameters`` and ``flops_per_token``, numeric and symbolic, built term by term
+  from the layers' shapes (``parameter_terms_symbolic``, ``flops_terms_symbolic``).
 
 Imports Part I (:mod:`llmbook.text`) and the shared helpers, never a later part.
 """

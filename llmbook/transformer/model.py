@@ -21,7 +21,10 @@ Contents:
   named constructors :meth:`~TransformerConfig.gpt2_style`,
   :meth:`~TransformerConfig.llama_style` and :meth:`~TransformerConfig.qwen2_style`;
 * :class:`DecoderBlock` - x + attn(norm(x)), then x + ffn(norm(x));
-* :class:`TransformerLM` - embeddings, L blocks, final norm, LM head.
+* :class:`TransformerLM` - embeddings, L blocks, final norm, LM head;
+* :func:`minimal_forward` - the same forward pass in a dozen lines, without the cache,
+  packing masks or input checks: the teaching version (equal to ``TransformerLM.forward``,
+  tested).
 
 :func:`llmbook.transformer.hf_loading.from_hf` builds one from a Hugging Face GPT-2, Llama
 or Qwen2 model (that module imports this one, never the other way round).
@@ -46,7 +49,7 @@ from llmbook.transformer.layers import ACTIVATIONS, MLP, LayerNorm, RMSNorm, Swi
 from llmbook.transformer.positional import LearnedPositions, RotaryEmbedding, apply_rotary
 from llmbook.validation import check_positive_int
 
-__all__ = ["DecoderBlock", "TransformerConfig", "TransformerLM"]
+__all__ = ["DecoderBlock", "TransformerConfig", "TransformerLM", "minimal_forward"]
 
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
@@ -161,11 +164,12 @@ class TransformerConfig:
     @classmethod
     def llama_style(cls, vocab_size: int = 32000, d_model: int = 4096, n_layers: int = 32,
                     n_heads: int = 32, max_seq_len: int = 4096, **overrides: Any) -> TransformerConfig:
-        """Llama (Touvron et al., 2023): RMSNorm (eps 1e-6), RoPE (theta 10^4, half-split
+        """Llama (Touvron et al., 2023): RMSNorm (eps 1e-5, Llama 2's; the first Llama used
+        1e-6), RoPE (theta 10^4, half-split
         pairing as in Hugging Face checkpoints), SwiGLU, no biases, untied LM head; pass
         ``n_kv_heads`` for grouped-query attention. The defaults are Llama 2 7B's shape
         (d_ff = 11008)."""
-        kw: dict[str, Any] = dict(norm="rmsnorm", norm_eps=1e-6, norm_bias=False,
+        kw: dict[str, Any] = dict(norm="rmsnorm", norm_eps=1e-5, norm_bias=False,
                                   positions="rope", rope_theta=10000.0, rope_interleaved=False,
                                   mlp="swiglu", activation="silu", attn_bias=False,
                                   mlp_bias=False, tie_embeddings=False)
@@ -180,8 +184,9 @@ class TransformerConfig:
                     n_heads: int = 14, max_seq_len: int = 32768, **overrides: Any) -> TransformerConfig:
         """Qwen2 (Yang et al., 2024, "Qwen2 Technical Report"): Llama's block with biases on
         the query, key and value projections only, and RoPE theta 10^6. The defaults are
-        Qwen2-0.5B (2 KV heads, d_ff = 4864, tied embeddings, 494,032,768 parameters)."""
-        kw: dict[str, Any] = dict(rope_theta=1_000_000.0, qkv_bias=True, out_bias=False)
+        Qwen2-0.5B (2 KV heads, d_ff = 4864, tied embeddings, 494,032,768 parameters) with
+        its RMSNorm eps of 1e-6."""
+        kw: dict[str, Any] = dict(rope_theta=1_000_000.0, qkv_bias=True, out_bias=False, norm_eps=1e-6)
         if (vocab_size, d_model, n_layers, n_heads) == (151936, 896, 24, 14):
             kw.update(n_kv_heads=2, d_ff=4864, tie_embeddings=True)
         kw.update(overrides)
@@ -385,3 +390,27 @@ class TransformerLM(nn.Module):
     def num_parameters(self) -> int:
         """The number of distinct parameters (a tied matrix counts once)."""
         return sum(p.numel() for p in self.parameters())
+
+
+def minimal_forward(model: TransformerLM, ids: Tensor) -> Tensor:
+    """The forward pass of ``model`` without the production branches: ids (B, T) -> logits (B, T, V).
+
+    Embed, add learned positions (GPT-2), run the L pre-norm blocks (RoPE models hand
+    chapter 5's rotation to every attention layer), apply the final norm and the output
+    layer ``z = h W_out^T`` (``W_out = E`` when tied). No KV cache, packing mask,
+    custom positions or input checks: :meth:`TransformerLM.forward` adds those and
+    computes the same logits (tested to 1e-12 in float64).
+    """
+    if not isinstance(model, TransformerLM):
+        raise TypeError(f"model must be a TransformerLM, got {type(model).__name__}")
+    if not isinstance(ids, Tensor) or ids.ndim != 2 or ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError("ids must be an integer tensor of shape (B, T)")
+    positions = torch.arange(ids.shape[1], device=ids.device)  # (T,)
+    x = model.embed.weight[ids]  # (B, T, d): E[ids]
+    if model.pos_embed is not None:
+        x = x + model.pos_embed.weight[positions]  # (B, T, d): + P[positions]
+    for block in model.blocks:
+        x = block(x, positions, model.rope)  # (B, T, d): x + Attn(Norm x), then + FFN(Norm x)
+    h = model.final_norm(x)  # (B, T, d)
+    w_out = model.embed.weight if model.lm_head is None else model.lm_head.weight  # (V, d)
+    return h @ w_out.T  # (B, T, V)

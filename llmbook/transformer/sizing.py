@@ -1,8 +1,11 @@
 """Closed-form parameter counts and forward FLOPs of a :class:`~llmbook.transformer.model.TransformerLM`.
 
-Introduced in notebooks/07_decoder, where both formulas are derived in SymPy and checked
-against real models (ours and Hugging Face's, on the meta device for large shapes) and
-against ``torch.utils.flop_counter.FlopCounterMode``.
+Introduced in notebooks/07_decoder. The symbolic forms are built component by component
+from the shapes of the tensors and products (:func:`parameter_terms_symbolic`,
+:func:`flops_terms_symbolic`); the integer functions evaluate the same sums. Both are
+checked independently: against the sum of ``p.numel()`` over real models, component by
+component (ours and Hugging Face's, on the meta device for large shapes), and against
+``torch.utils.flop_counter.FlopCounterMode``, module by module.
 
 Notation: V vocabulary, d model width, L layers, H query heads, H_kv key/value heads,
 d_h head width, d_ff feed-forward width, T_max the length of a learned position table,
@@ -43,7 +46,11 @@ __all__ = [
     "flops_per_token",
     "flops_per_token_symbolic",
     "flops_shares",
+    "flops_terms_symbolic",
+    "linear_parameters",
+    "matmul_flops",
     "parameter_shares",
+    "parameter_terms_symbolic",
     "symbol_values",
 ]
 
@@ -121,20 +128,66 @@ SYMBOLS = sp.symbols("V d L H H_kv d_h d_ff m T T_max b_qkv b_o b_mlp b_n u p",
                      integer=True, nonnegative=True)
 
 
-def count_parameters_symbolic() -> sp.Expr:
-    """The parameter count as a SymPy expression in :data:`SYMBOLS` (see the module docstring)."""
+def linear_parameters(n_in: sp.Expr, n_out: sp.Expr, bias: sp.Expr) -> sp.Expr:
+    """Parameters of ``nn.Linear(n_in, n_out)``: a weight of shape (n_out, n_in) and, when
+    the indicator ``bias`` is 1, a bias of shape (n_out,)."""
+    return n_out * n_in + bias * n_out
+
+
+def matmul_flops(rows: sp.Expr, inner: sp.Expr, cols: sp.Expr) -> sp.Expr:
+    """FLOPs of a (rows, inner) @ (inner, cols) product: rows x cols dot products of
+    ``inner`` multiply-adds, 2 FLOPs each (``FlopCounterMode``'s convention)."""
+    return 2 * rows * inner * cols
+
+
+def parameter_terms_symbolic() -> dict[str, sp.Expr]:
+    """The parameter count of each component, built from the shapes of its tensors.
+
+    Keys: ``embedding`` (E, V x d), ``positions`` (the learned table, T_max x d, if p = 1),
+    ``attention`` and ``mlp`` (one layer: W_Q (H d_h x d), W_K and W_V (H_kv d_h x d),
+    W_O (d x H d_h), and the m - 1 input matrices and one output matrix of the
+    feed-forward layer, each as an ``nn.Linear``), ``norm`` (one norm: gain, and
+    LayerNorm's shift if b_n = 1), ``lm_head`` (an untied d -> V matrix if u = 1).
+    """
     V, d, L, H, H_kv, d_h, d_ff, m, T, T_max, b_qkv, b_o, b_mlp, b_n, u, p = SYMBOLS
-    attn = d * H * d_h + 2 * d * H_kv * d_h + H * d_h * d + b_qkv * (H + 2 * H_kv) * d_h + b_o * d
-    mlp = m * d * d_ff + b_mlp * ((m - 1) * d_ff + d)
-    norm = d * (1 + b_n)
-    return L * (attn + mlp + 2 * norm) + norm + V * d * (1 + u) + p * T_max * d
+    attention = (linear_parameters(d, H * d_h, b_qkv) + 2 * linear_parameters(d, H_kv * d_h, b_qkv)
+                 + linear_parameters(H * d_h, d, b_o))
+    mlp = (m - 1) * linear_parameters(d, d_ff, b_mlp) + linear_parameters(d_ff, d, b_mlp)
+    return {"embedding": V * d, "positions": p * T_max * d, "attention": attention, "mlp": mlp,
+            "norm": d + b_n * d, "lm_head": u * linear_parameters(d, V, 0)}
+
+
+def count_parameters_symbolic() -> sp.Expr:
+    """The parameter count as a SymPy expression in :data:`SYMBOLS`: the embeddings, L
+    blocks of attention, feed-forward and two norms, the final norm and the LM head, each
+    term from :func:`parameter_terms_symbolic`."""
+    t, L = parameter_terms_symbolic(), SYMBOLS[2]
+    return (t["embedding"] + t["positions"] + L * (t["attention"] + t["mlp"] + 2 * t["norm"])
+            + t["norm"] + t["lm_head"])
+
+
+def flops_terms_symbolic() -> dict[str, sp.Expr]:
+    """Forward FLOPs per token of each component, built from the shapes of its products.
+
+    A sequence of T tokens is a (T, d) matrix, so a projection d -> n costs
+    ``matmul_flops(T, d, n) / T`` per token; per head the scores are (T, d_h) @ (d_h, T)
+    and the mix (T, T) @ (T, d_h). Keys: ``attention_projections``, ``attention_scores``
+    and ``mlp`` (one layer each) and ``lm_head``.
+    """
+    V, d, L, H, H_kv, d_h, d_ff, m, T, *_ = SYMBOLS
+    proj = (matmul_flops(T, d, H * d_h) + 2 * matmul_flops(T, d, H_kv * d_h)
+            + matmul_flops(T, H * d_h, d))
+    scores = H * (matmul_flops(T, d_h, T) + matmul_flops(T, T, d_h))
+    mlp = (m - 1) * matmul_flops(T, d, d_ff) + matmul_flops(T, d_ff, d)
+    return {"attention_projections": sp.expand(proj / T), "attention_scores": sp.expand(scores / T),
+            "mlp": sp.expand(mlp / T), "lm_head": sp.expand(matmul_flops(T, d, V) / T)}
 
 
 def flops_per_token_symbolic() -> sp.Expr:
-    """Forward FLOPs per token as a SymPy expression in :data:`SYMBOLS`."""
-    V, d, L, H, H_kv, d_h, d_ff, m, T, *_ = SYMBOLS
-    layer = 2 * d * (H + 2 * H_kv) * d_h + 2 * H * d_h * d + 4 * T * H * d_h + 2 * m * d * d_ff
-    return L * layer + 2 * d * V
+    """Forward FLOPs per token as a SymPy expression in :data:`SYMBOLS`: L layers of
+    :func:`flops_terms_symbolic`'s per-layer terms plus the LM head."""
+    t, L = flops_terms_symbolic(), SYMBOLS[2]
+    return L * (t["attention_projections"] + t["attention_scores"] + t["mlp"]) + t["lm_head"]
 
 
 def symbol_values(config: TransformerConfig, seq_len: int = 1) -> dict[sp.Symbol, int]:

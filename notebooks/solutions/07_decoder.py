@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import sympy as sp
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from llmbook.text.functional import cross_entropy
 from llmbook.transformer.model import TransformerLM
 from llmbook.transformer.positional import rope_permutation
 from llmbook.transformer.sizing import flops_shares
@@ -83,3 +85,17 @@ def attention_crossover(config) -> sp.Rational:
     scores = 4 * T * config.n_layers * config.n_heads * config.d_head
     (T_star,) = sp.solve(sp.Eq(scores, others), T)
     return sp.nsimplify(T_star)
+
+
+def uniform_bits_per_byte(text: str, tokenizer=None) -> tuple[float, float]:
+    """Exercise 5: (perplexity per token, bits per byte) of the uniform model on ``text``.
+
+    ``tokenizer=None`` means raw UTF-8 bytes (V = 256); otherwise a BPE tokenizer with a
+    ``vocab`` dict and ``encode``. The loss of all-zero logits is computed with chapter 3's
+    cross-entropy (it is log V per token)."""
+    data = text.encode("utf-8")
+    ids = list(data) if tokenizer is None else tokenizer.encode(text)
+    V = 256 if tokenizer is None else len(tokenizer.vocab)
+    logits = torch.zeros(len(ids), V, dtype=torch.float64)  # (n_tokens, V): knows nothing
+    nats = cross_entropy(logits, torch.tensor(ids)).item()  # log V
+    return math.exp(nats), nats * len(ids) / (len(data) * math.log(2))
