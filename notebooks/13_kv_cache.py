@@ -25,8 +25,12 @@
 #    evaluated for published models.
 # 4. **MQA and GQA**: fewer key/value heads, a cache $H / H_{kv}$ times smaller.
 # 5. **Multi-head latent attention** (DeepSeek-V2): cache a low-rank latent instead of
-#    keys and values, and attend in latent space by absorbing weights (proved in SymPy).
+#    keys and values, and attend in latent space by absorbing weights; the decoupled RoPE
+#    key, and why absorbed MLA is multi-query attention with one wide shared key; checked
+#    against Hugging Face's DeepSeek-V3 attention.
 # 6. **Sliding-window attention** (Longformer, Mistral): a rolling cache of fixed size.
+# 7. **The roofline**: arithmetic intensity, derived in SymPy, shows why decoding is
+#    memory-bound and prefill compute-bound; measured on this CPU.
 #
 # The code is in `llmbook.inference.kvcache` (chapter 12) and `llmbook.inference.attention_variants`.
 
@@ -45,10 +49,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import llmbook
 from llmbook.inference.attention_variants import (
-    LatentCache,
     MultiHeadLatentAttention,
     decode_step_flops,
+    deepseek_v3_attention,
     kv_cache_bytes_per_token,
+    latent_decode,
     mla_cache_bytes_per_token,
     sliding_window_decode,
     sliding_window_mask,
@@ -57,8 +62,13 @@ from llmbook.inference.kvcache import KVCache, kv_cache_bytes
 from llmbook.inference.sampling import generate
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
 from llmbook.training.pretrained import book_model
-from llmbook.transformer.attention import MultiHeadAttention, scaled_dot_product_attention
+from llmbook.transformer.attention import (
+    MultiHeadAttention,
+    causal_mask,
+    scaled_dot_product_attention,
+)
 from llmbook.transformer.model import TransformerConfig, TransformerLM
+from llmbook.transformer.positional import rope_matrix
 from llmbook.transformer.sizing import flops_per_token
 
 g = seed_everything(0)
@@ -363,66 +373,161 @@ checks
 #
 # $$a\,(C W_{UV})\, W_O = (a\, C)(W_{UV} W_O),$$
 #
-# so the weights mix the latents and $W_{UV} W_O$ maps the result out. SymPy checks both
-# identities on small symbolic matrices (a $2 \times 3$ input, $d_h = 2$, $d_c = 2$, three
-# cached positions; the identities are associativity and $(AB)^\top = B^\top A^\top$, so
-# the shapes do not matter):
+# so the weights mix the latents and $W_{UV} W_O$ maps the result out. There is nothing
+# deep to derive here: both lines are the rule $(AB)^\top = B^\top A^\top$ and the
+# associativity of matrix products. SymPy applies them to symbolic matrices of any shape
+# (`MatrixSymbol`): it turns the naive score into the product of four factors, and
+# regrouping those factors is the absorbed form. What *does* need checking is that the
+# code implements the regrouping, and that is done numerically below, against keys and
+# values that are really decompressed and against an independent implementation.
 
 # %%
-def sym(name, rows, cols):
+n_q, n_k, d_m, dh_, dc_ = sp.symbols("T_q T_k d d_h d_c", positive=True, integer=True)
+X_ = sp.MatrixSymbol("X", n_q, d_m)  # the queries' inputs
+C_ = sp.MatrixSymbol("C", n_k, dc_)  # the cached latents, one row per position
+WQ_, WUK_ = sp.MatrixSymbol("W_Q", d_m, dh_), sp.MatrixSymbol("W_UK", dc_, dh_)
+naive = (X_ * WQ_) * (C_ * WUK_).T  # queries times decompressed keys
+expanded = naive.doit()  # SymPy applies (AB)^T = B^T A^T and flattens the product
+display(sp.Eq(sp.Symbol(r"(X W_Q)(C W_{UK})^\top"), expanded, evaluate=False))
+print("factors:", [str(f) for f in expanded.args])
+checks = Checks("absorption, symbolically")
+checks.equal("(X W_Q)(C W_UK)^T has the factors X, W_Q, W_UK^T, C^T",
+             [X_, WQ_, WUK_.T, C_.T], list(expanded.args))
+checks.equal("shape of the absorbed query X W_Q W_UK^T", (n_q, dc_), (X_ * WQ_ * WUK_.T).shape)
+checks
+
+# %% [markdown]
+# **Positions, and why RoPE is not absorbed.** RoPE rotates the query at position $i$ and
+# the key at position $j$ by orthogonal matrices $R_i$ and $R_j$ (chapter 5). Applied to the
+# decompressed key, the score becomes
+#
+# $$(R_i q)^\top (R_j W_{UK}^\top c_j) = q^\top R_i^\top R_j\, W_{UK}^\top c_j
+# = q^\top R_{j-i}\, W_{UK}^\top c_j,$$
+#
+# and the matrix between $q$ and $c_j$ now depends on the offset $j - i$: no single
+# matrix can be folded into $W_Q$ once for all positions. SymPy derives the middle step
+# for one rotation pair and shows that the product changes with $j$:
+
+# %%
+i_, j_, th = sp.symbols("i j theta", real=True)
+
+
+def sym(name: str, rows: int, cols: int) -> sp.Matrix:
+    """A matrix of independent symbols name_ij."""
     return sp.Matrix(rows, cols, lambda i, j: sp.Symbol(f"{name}_{i}{j}"))
 
 
-x_s, W_Q, W_UK, C = sym("x", 2, 3), sym("q", 3, 2), sym("u", 2, 2), sym("c", 3, 2)
-W_UV, W_O, a_s = sym("v", 2, 2), sym("o", 2, 3), sym("a", 2, 3)
-naive_scores = (x_s * W_Q) * (C * W_UK).T  # (2, 3): queries x cached positions
-absorbed_scores = (x_s * W_Q * W_UK.T) * C.T
-naive_out, absorbed_out = a_s * (C * W_UV) * W_O, (a_s * C) * (W_UV * W_O)
-assert sp.simplify(naive_scores - absorbed_scores) == sp.zeros(2, 3)
-assert sp.simplify(naive_out - absorbed_out) == sp.zeros(2, 3)
-display(sp.Eq(naive_scores[0, 0], sp.expand(absorbed_scores[0, 0])))
+def rotation(angle: sp.Expr) -> sp.Matrix:
+    return sp.Matrix([[sp.cos(angle), -sp.sin(angle)], [sp.sin(angle), sp.cos(angle)]])
+
+
+relative = sp.simplify(rotation(i_ * th).T * rotation(j_ * th))
+W_uk2 = sym("u", 2, 2)
+between = relative * W_uk2.T  # the matrix between q and c_j
+display(sp.Eq(sp.Symbol("R_i^T R_j"), relative, evaluate=False))
+checks = Checks("RoPE between the query and the latent")
+checks.equal("R_i^T R_j = R_(j-i)", sp.zeros(2, 2), sp.simplify(relative - rotation((j_ - i_) * th)))
+d_between = sp.simplify(sp.diff(between, j_))
+nonzero = sum(1 for e in d_between if e != 0)
+checks.true("d/dj (R_(j-i) W_UK^T): nonzero entries (of 4)", nonzero > 0, nonzero)
+checks
 
 # %% [markdown]
-# `MultiHeadLatentAttention` implements both paths; the absorbed one keeps the queries in
-# latent space and never forms $k$ or $v$:
+# DeepSeek-V2's answer (section 2.1.3, the *decoupled* RoPE) keeps the rotation out of the
+# latent path. Each head gets an extra rotated query $q_{R,h} = R_i\, x W_{QR,h}$ of
+# $d_R$ dimensions, and all heads share ONE rotated key $k_{R} = R_j\, x W_{KR}$ of $d_R$
+# dimensions, cached next to $c$. The score adds the two parts,
+#
+# $$s_h(i, j) = \frac{q_h k_{h,j}^\top + q_{R,h}\, k_{R,j}^\top}{\sqrt{d_h + d_R}}
+# = \frac{[\,q_h W_{UK,h}^\top \,;\, q_{R,h}\,] \cdot [\,c_j \,;\, k_{R,j}\,]}{\sqrt{d_h + d_R}},$$
+#
+# so after absorption every head's query is a vector of width $d_c + d_R$ and it meets the
+# SAME key $[c_j ; k_{R,j}]$, the row that is cached: **absorbed MLA is multi-query
+# attention with one wide shared key** (width $d_c + d_R$) and one shared value $c_j$
+# (width $d_c$), followed by a per-head output map $W_{UV,h} W_{O,h}$. The cache holds
+# $d_c + d_R$ numbers per token and layer. `MultiHeadLatentAttention(..., d_rope=d_R)`
+# implements it; `mqa_form` returns those queries, the shared key and the shared value:
+
+# %%
+show_source(MultiHeadLatentAttention.mqa_form)
 
 # %%
 show_source(MultiHeadLatentAttention.forward)
 
 # %% [markdown]
-# **Positions.** RoPE rotates keys by their position, $k_n = R_n c_n W_{UK}$, and the
-# rotation sits between $W_{UK}$ and the query, so $W_{UK}$ can no longer be folded into
-# $W_Q$. DeepSeek-V2 therefore keeps RoPE out of the latent path and adds a small
-# *decoupled* key of width $d_R = d_h / 2 = 64$, shared by all heads and cached alongside
-# $c$, whose scores are added to the latent ones (section 2.1.3). This chapter's
-# implementation omits it (no positional encoding at all), which leaves the absorption
-# argument and the cache arithmetic intact. The checks: both paths agree in float32 and
-# float64, a prefill followed by cached single-token steps (absorbed) equals the full pass,
-# and the latent cache holds $d_c$ numbers per token and layer.
+# The checks, in float64 on a layer with $d = 64$, $H = 4$, $d_h = 16$, $d_c = 24$,
+# $d_R = 8$:
+#
+# * **naive = decompressed**: the naive path, rebuilt here by hand from the decompressed
+#   $K = C W_{UK}$, $V = C W_{UV}$ and explicit rotation matrices `rope_matrix(i)`, equals
+#   the module;
+# * **absorbed = naive**, with and without RoPE, and in float32 to float32 round-off;
+# * **the cache**: a prefill of 5 tokens and 7 cached single-token steps (absorbed) equal
+#   the full pass, and the cache holds $d_c + d_R = 32$ numbers per token;
+# * **MQA**: PyTorch's `scaled_dot_product_attention` with one key/value head, broadcast
+#   to the four query heads, on the tensors of `mqa_form`, gives the layer's output;
+# * **an independent peer**: Hugging Face's `DeepseekV3Attention` (the MLA of DeepSeek-V2
+#   and V3; tiny config, no download), with our weights copied into its fused layout and
+#   its RMSNorm on the latent replaced by the identity (our MLA has none), gives the same
+#   output (`deepseek_v3_attention` builds it).
 
 # %%
 torch.manual_seed(0)
-mla32 = MultiHeadLatentAttention(64, 4, 16, d_latent=24)
-mla64 = MultiHeadLatentAttention(64, 4, 16, d_latent=24, dtype=torch.float64)
-x32 = torch.randn(2, 12, 64)
+d_, H_, dh, dc, dr = 64, 4, 16, 24, 8
+mla32 = MultiHeadLatentAttention(d_, H_, dh, dc, d_rope=dr, max_seq_len=16)
+mla64 = MultiHeadLatentAttention(d_, H_, dh, dc, dtype=torch.float64, d_rope=dr, max_seq_len=16)
+mla_plain = MultiHeadLatentAttention(d_, H_, dh, dc, dtype=torch.float64)
+x32 = torch.randn(2, 12, d_)
 x64 = x32.double()
 with torch.no_grad():
-    lat = LatentCache(1, 2, 12, 24, dtype=torch.float64)
-    outs = [mla64(x64[:, :5], cache=lat, absorbed=True)]
-    lat.advance(5)
-    for s in range(5, 12):
-        outs.append(mla64(x64[:, s:s + 1], cache=lat, absorbed=True))
-        lat.advance(1)
-    checks = Checks("multi-head latent attention")
+    # the naive formula by hand: decompressed K and V, rotations from rope_matrix
+    Tn = x64.shape[1]
+    R = torch.stack([rope_matrix(i, dr) for i in range(Tn)])  # (T, d_R, d_R)
+    C64 = x64 @ mla64.kv_down.weight.T  # (B, T, d_c)
+    Kd = (C64 @ mla64.k_up.weight.T).view(2, Tn, H_, dh)  # decompressed keys
+    Vd = (C64 @ mla64.v_up.weight.T).view(2, Tn, H_, dh)  # decompressed values
+    Qd = (x64 @ mla64.q_proj.weight.T).view(2, Tn, H_, dh)
+    QR = torch.einsum("tij,bthj->bthi", R, (x64 @ mla64.q_rope.weight.T).view(2, Tn, H_, dr))
+    KR = torch.einsum("tij,btj->bti", R, x64 @ mla64.k_rope.weight.T)  # (B, T, d_R): one per token
+    S = (torch.einsum("bihd,bjhd->bhij", Qd, Kd) + torch.einsum("bihd,bjd->bhij", QR, KR))
+    S = S.masked_fill(~causal_mask(Tn), float("-inf")) / (dh + dr) ** 0.5
+    by_hand = torch.einsum("bhij,bjhd->bihd", torch.softmax(S, -1), Vd).reshape(2, Tn, H_ * dh)
+    by_hand = by_hand @ mla64.o_proj.weight.T
+
+    stepped, lat = latent_decode(mla64, x64, prefill=5, absorbed=True)  # prefill 5, then 1 by 1
+
+    q_w, k_w, v_w = mla64.mqa_form(x64)  # (B, H, T, d_c + d_R), (B, 1, T, d_c + d_R), (B, 1, T, d_c)
+    z_mqa = F.scaled_dot_product_attention(q_w, k_w.expand(-1, H_, -1, -1), v_w.expand(-1, H_, -1, -1),
+                                           is_causal=True, scale=mla64.scale)  # (B, H, T, d_c)
+    out_mqa = torch.einsum("bhtc,hcd->btd", z_mqa, mla64.absorbed_weights()[1])
+
+    peer = deepseek_v3_attention(mla64)
+    angles = torch.arange(Tn, dtype=torch.float64)[:, None] * mla64.rope.inv_freq  # (T, d_R/2)
+    emb = torch.cat((angles, angles), -1)[None]  # (1, T, d_R): Hugging Face's layout
+    additive = torch.zeros(Tn, Tn, dtype=torch.float64).masked_fill(~causal_mask(Tn), float("-inf"))
+    out_hf = peer(x64, position_embeddings=(emb.cos(), emb.sin()), attention_mask=additive[None, None])[0]
+
+    full64 = mla64(x64)
+    checks = Checks("multi-head latent attention with decoupled RoPE")
+    checks.close("naive vs by hand (decompressed K, V; rope_matrix)", by_hand, full64, tol=1e-12)
+    checks.close("absorbed vs naive, float64", full64, mla64(x64, absorbed=True), tol=1e-12)
+    checks.close("absorbed vs naive, float64, no RoPE", mla_plain(x64), mla_plain(x64, absorbed=True),
+                 tol=1e-12)
     checks.close("absorbed vs naive, float32", mla32(x32), mla32(x32, absorbed=True), tol=1e-5)
-    checks.close("absorbed vs naive, float64", mla64(x64), mla64(x64, absorbed=True), tol=1e-12)
-    checks.close("latent cache, 5 + 7 steps vs full", mla64(x64), torch.cat(outs, 1), tol=1e-12)
-checks.equal("latent cache bytes = L B T d_c * 8", 1 * 2 * 12 * 24 * 8, lat.num_bytes())
+    checks.close("cache: prefill 5 + 7 steps (absorbed) vs full", full64, stepped, tol=1e-12)
+    checks.close("MQA: one key head [c ; k_R] broadcast to 4 query heads", full64, out_mqa, tol=1e-12)
+    checks.close("Hugging Face DeepseekV3Attention (same weights)", out_hf, full64, tol=1e-12)
+checks.close("the shared MQA key is the cached row [c ; k_R]", k_w[:, 0], lat.latents[0], tol=1e-12)
+checks.equal("numbers cached per token and layer: d_c + d_R", dc + dr, lat.width)
+checks.equal("latent cache bytes = L B T (d_c + d_R) * 8", 1 * 2 * 12 * (dc + dr) * 8, lat.num_bytes())
 checks
 
 # %% [markdown]
-# Per token and layer, multi-head attention caches $2 H d_h$ numbers, GQA $2 H_{kv} d_h$,
-# and MLA $d_c + d_R$. For DeepSeek-V2's shape ($L = 60$, $H = 128$, $d_h = 128$,
+# So the decode step of absorbed MLA does the work of MQA with a head width of
+# $d_c + d_R$ (576 in DeepSeek-V2, against 128 for an ordinary head): all $H$ query heads
+# read the same cached row, so its decode attention does far more arithmetic per byte read
+# than GQA's (section 13.7). Per token and layer, multi-head attention caches $2 H d_h$
+# numbers, GQA $2 H_{kv} d_h$, and MLA $d_c + d_R$. For DeepSeek-V2's shape ($L = 60$, $H = 128$, $d_h = 128$,
 # $d_c = 512$, $d_R = 64$):
 
 # %%
@@ -491,31 +596,198 @@ plt.show()
 # %% [markdown]
 # The left mask grows a full triangle; the right one is a band of width $W$, so both the
 # work and the cache per token stay constant however long the text.
+
+# %% [markdown]
+# ## 13.7 The roofline: why decoding is memory-bound
 #
+# Section 13.2 noted that FLOPs are not time. The *roofline model* (Williams, Waterman &
+# Patterson, 2009, "Roofline: An Insightful Visual Performance Model for Multicore
+# Architectures") makes that precise. A kernel that does $F$ FLOPs and moves $M$ bytes
+# between memory and the processor takes at least
+#
+# $$t \ge \max\Big(\frac{F}{\pi}, \frac{M}{\beta}\Big),$$
+#
+# with $\pi$ the peak FLOP rate and $\beta$ the memory bandwidth. Which term wins depends on
+# the **arithmetic intensity** $I = F / M$ (FLOPs per byte) against the machine's
+# **balance point** $\pi / \beta$: below it the kernel is *memory-bound* (the processor
+# waits for bytes), above it *compute-bound*.
+#
+# The weight matrices dominate a decoder's work (section 13.2). Take one, $W \in
+# \mathbb{R}^{d \times d}$ in a format of $b$ bytes per number, applied to $n$ input rows:
+# $F = 2 n d^2$, and the bytes are the weights once plus the inputs and outputs,
+# $M = b(d^2 + 2 n d)$. A **decode step** of a batch of $B$ sequences has $n = B$ (one new
+# token each); a **prefill** of $B$ prompts of $T$ tokens has $n = T B$.
+
+# %%
+n_rows, d_w, b_w, B_s, T_s = sp.symbols("n d b B T", positive=True)
+F_w = 2 * n_rows * d_w**2
+M_w = b_w * (d_w**2 + 2 * n_rows * d_w)
+intensity = sp.simplify(F_w / M_w)
+display(sp.Eq(sp.Symbol("I(n)"), intensity))
+small_batch = sp.limit(intensity.subs(b_w, 2), d_w, sp.oo)  # d >> n, bf16
+huge_batch = sp.limit(intensity, n_rows, sp.oo)  # n >> d
+display(sp.Eq(sp.Symbol("I_decode (bf16, d >> B)"), small_batch.subs(n_rows, B_s)))
+display(sp.Eq(sp.Symbol("I_prefill (bf16, d >> TB)"), small_batch.subs(n_rows, T_s * B_s)))
+display(sp.Eq(sp.Symbol("lim_{n -> oo} I"), huge_batch))
+
+# %% [markdown]
+# In bfloat16 ($b = 2$) a decode step does about $B$ FLOPs per byte, a prefill about
+# $T B$, until $n$ approaches $d$; the intensity never exceeds $d/b$ (every weight
+# reused by every row). The attention part of a decode step has its own intensity: per
+# layer and per cached position it reads $2 H_{kv} d_h$ numbers (a key and a value per
+# KV head) and does $4 H d_h$ FLOPs (a dot product and a weighted sum per query head), so
+# $I = 4 H d_h / (2 b H_{kv} d_h) = H / H_{kv}$ in bf16, whatever $B$ and $T$ (each sequence
+# has its own cache, so batching does not reuse it). For absorbed MLA every query head
+# reads the same row of $d_c + d_R$ numbers and does $2(d_c + d_R) + 2 d_c$ FLOPs with
+# it:
+
+# %%
+H_a, Hkv_a, dh_a, dc_a, dr_a = sp.symbols("H H_kv d_h d_c d_R", positive=True)
+I_gqa = sp.simplify((4 * H_a * dh_a) / (2 * Hkv_a * dh_a * 2))
+I_mla = sp.simplify(H_a * (2 * (dc_a + dr_a) + 2 * dc_a) / (2 * (dc_a + dr_a)))
+display(sp.Eq(sp.Symbol("I_attention, GQA (bf16)"), I_gqa))
+display(sp.Eq(sp.Symbol("I_attention, absorbed MLA (bf16)"), I_mla))
+mla_v2 = I_mla.subs({H_a: 128, dc_a: 512, dr_a: 64})
+print(f"DeepSeek-V2 (H = 128, d_c = 512, d_R = 64): {mla_v2} = {float(mla_v2):.1f} FLOP/byte; "
+      f"Llama 3 70B (H/H_kv = 8): {I_gqa.subs({H_a: 64, Hkv_a: 8})} FLOP/byte")
+
+# %% [markdown]
+# **The balance point of a GPU.** NVIDIA's H100 SXM datasheet (NVIDIA, 2023, "NVIDIA H100
+# Tensor Core GPU" datasheet) gives about 989 TFLOP/s of dense bf16 tensor-core throughput
+# (the headline 1979 assumes 2:4 sparsity) and 3.35 TB/s of HBM3 bandwidth:
+
+# %%
+h100_flops, h100_bw = 989e12, 3.35e12  # dense bf16 FLOP/s, HBM3 bytes/s (SXM datasheet)
+balance_h100 = h100_flops / h100_bw
+d_llama = 8192  # Llama 3 70B's width
+checks = Checks("roofline: where the intensity crosses the H100's balance point")
+checks.close("H100 balance point pi / beta (FLOP/byte)", 295.2, balance_h100, tol=0.05, digits=4)
+crossing = sp.solve(sp.Eq(intensity.subs({b_w: 2, d_w: d_llama}), balance_h100), n_rows)
+n_star = float(crossing[0])
+checks.close("rows n where a d = 8192 bf16 product turns compute-bound: SymPy vs n d/(d - 2n) solved by hand",
+             balance_h100 * d_llama / (d_llama - 2 * balance_h100), n_star, tol=1e-9, digits=4)
+checks.true("decode, B = 1..64: I < balance (memory-bound)",
+            float(intensity.subs({b_w: 2, d_w: d_llama, n_rows: 64})) < balance_h100,
+            round(float(intensity.subs({b_w: 2, d_w: d_llama, n_rows: 64})), 2))
+checks.true("prefill, T = 2048, B = 1: I > balance (compute-bound)",
+            float(intensity.subs({b_w: 2, d_w: d_llama, n_rows: 2048})) > balance_h100,
+            round(float(intensity.subs({b_w: 2, d_w: d_llama, n_rows: 2048})), 1))
+checks.true("GQA attention, H/H_kv = 8: memory-bound at any batch", 8 < balance_h100, 8)
+checks
+
+# %% [markdown]
+# A decode step with fewer than about 300 sequences in the batch cannot use an H100's
+# arithmetic: its time is the time to read the weights (and the KV cache), so it is almost
+# independent of $B$ and the cost *per token* falls as $1/B$. That is why servers batch
+# many users' requests, why the cache's memory (which limits $B$) matters so much, and why
+# speculative decoding (chapter 12) can score several tokens for the price of one. A prompt
+# of a few thousand tokens, on the other hand, is compute-bound. The KV-cache reads of GQA
+# stay memory-bound at any batch size, which is one reason MLA, whose attention
+# intensity ($\approx 2H$) is close to the balance point, pays off.
+#
+# **This CPU.** We measure the same two rates here: a large float32 matrix product (one
+# thread) for $\pi$, and a large copy (bytes read plus bytes written, per second) for
+# $\beta$; then the time of $y = x W$ for a $4096 \times 4096$ float32 matrix (64 MiB, more
+# than the cache) against the number of rows $n$. Timings differ from machine to machine
+# and run to run, so the next cell's output is not compared by the tests and the prose
+# quotes none of its numbers; the figure comes from the same run.
+
+# %% tags=["nbval-ignore-output"]
+def best_time(fn, repeat: int = 2) -> float:
+    """The fastest of ``repeat`` runs of fn(), in seconds."""
+    fn()  # warm up
+    times = []
+    for _ in range(repeat):
+        began = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - began)
+    return min(times)
+
+
+gen_r = torch.Generator().manual_seed(0)
+A_big = torch.randn(1024, 1024, generator=gen_r)
+peak = 2 * 1024**3 / best_time(lambda: A_big @ A_big)  # FLOP/s
+src_buf = torch.ones(16 * 2**20)  # 64 MiB, twice the L3 cache
+dst_buf = torch.empty_like(src_buf)
+bandwidth = 2 * src_buf.numel() * 4 / best_time(lambda: dst_buf.copy_(src_buf))  # read + write
+W_big = torch.randn(4096, 4096, generator=gen_r)
+rows = [1, 2, 4, 8, 16, 32, 64, 128]
+per_call = []
+for n_ in rows:
+    x_n = torch.randn(n_, 4096, generator=gen_r)
+    per_call.append(best_time(lambda x_n=x_n: x_n @ W_big))
+print(f"this CPU (1 thread): matmul {peak / 1e9:.1f} GFLOP/s, copy {bandwidth / 1e9:.1f} GB/s, "
+      f"balance point {peak / bandwidth:.1f} FLOP/byte (float32: I = n/2 for n << d)")
+for n_, t_ in zip(rows, per_call, strict=True):
+    print(f"n = {n_:3d}: {1e3 * t_:7.2f} ms per product, {1e6 * t_ / n_:8.1f} us per row, "
+          f"{2 * n_ * 4096**2 / t_ / 1e9:6.1f} GFLOP/s")
+
+fig, ax = plt.subplots(figsize=(6.4, 3.8))
+ax.plot(rows, [1e6 * t_ / n_ for n_, t_ in zip(rows, per_call, strict=True)], "o-",
+        label="measured time per row (token)")
+ax.plot(rows, [1e6 * 4096**2 * 4 / bandwidth / n_ for n_ in rows], ":",
+        label="weights read once per product, shared by n rows")
+ax.plot(rows, [1e6 * 2 * 4096**2 / peak for _ in rows], "--", label="compute at the measured peak")
+ax.set(xscale="log", yscale="log", xlabel="rows n (batch of decoding sequences)",
+       ylabel="time per row (us)",
+       title="y = x W, W 4096 x 4096 float32, this CPU (1 thread)")
+ax.set_xscale("log", base=2)
+ax.legend(fontsize=8)
+save_figure(fig, "13_kv_cache_roofline")
+plt.show()
+
+# %% [markdown]
+# What to look for in the figure. The dotted line is the memory bound (the weights' bytes
+# over the measured bandwidth, shared by the $n$ rows), the dashed line the compute bound
+# (the arithmetic of one row at the measured peak); the roofline model says the time per
+# row cannot lie below either. A single CPU core is a blurred example of it: its balance
+# point is only a few FLOPs per byte, so at float32's intensity of $n/2$ the product is
+# compute-bound after a handful of rows, and BLAS kernels for very thin matrices often
+# reach neither bound, so for small $n$ the measured points can lie well above both lines.
+# What carries over to a GPU is the trend: the time per row falls as rows share one read
+# of the weights, towards the compute line. On an H100 the memory-bound stretch is a
+# hundred times longer (balance point about 300), which is the regime every decode step
+# with a modest batch lives in.
+
+# %% [markdown]
 # ## Summary
 #
 # * The KV cache changes nothing in the output (checked to round-off) and turns the cost
 #   of generating $T$ tokens from $\Theta(N T^2)$ into $\Theta(N T)$ plus attention.
 # * Its memory is $2 L B T H_{kv} d_h$ elements: gigabytes per sequence for large models
 #   at long contexts, which is why serving is memory-bound.
-# * GQA/MQA divide it by $H / H_{kv}$; MLA caches a $d_c$-dimensional latent and absorbs
-#   the up-projections into the query and output maps; sliding windows cap it at $W$.
+# * GQA/MQA divide it by $H / H_{kv}$; MLA caches a $d_c$-dimensional latent plus a
+#   $d_R$-dimensional rotated key shared by all heads, absorbs the up-projections into the
+#   query and output maps, and then attends like MQA with one key of width $d_c + d_R$
+#   (equal to Hugging Face's DeepSeek-V3 attention to float64 round-off); sliding windows
+#   cap the cache at $W$.
+# * Arithmetic intensity decides what limits a step: about $B$ FLOPs per byte for a bf16
+#   decode step, about $T B$ for a prefill, against some 300 for an H100. Decoding is
+#   memory-bound (its time is the time to read the weights and the cache), prefill is
+#   compute-bound.
 #
 # ## Exercises
 #
-# 1. **(easy) How many sequences fit?** Write `max_batch(budget_bytes, n_layers,
+# 1. (★) **How many sequences fit?** Write `max_batch(budget_bytes, n_layers,
 #    n_kv_heads, d_head, seq_len, bytes_per_element)`, the largest batch whose KV cache fits
 #    in the budget. How many 8192-token sequences of Llama 3 70B fit in 40 GiB of cache in
 #    fp16? How many would with multi-head attention (64 KV heads)?
-# 2. **(medium) When does attention dominate?** In a cached step $F(T) = 2N + 4 L H d_h T$.
+# 2. (★★) **When does attention dominate?** In a cached step $F(T) = 2N + 4 L H d_h T$.
 #    Write `attention_crossover(config)`, the smallest $T$ at which the attention part is
 #    at least the weights' part, and check it with `flops_per_token`. Evaluate it for the
 #    book's text model and for Llama 2 7B's shape.
-# 3. **(easy) MLA as GQA.** Write `mla_equivalent_kv_heads(d_latent, d_rope, d_head)`, the
+# 3. (★) **MLA as GQA.** Write `mla_equivalent_kv_heads(d_latent, d_rope, d_head)`, the
 #    number of GQA key/value heads whose cache equals MLA's. DeepSeek-V2 reports 2.25.
-# 4. **(medium) Receptive field of stacked windows.** Write `receptive_field(n_layers,
+# 4. (★★) **Receptive field of stacked windows.** Write `receptive_field(n_layers,
 #    window)` = $L(W-1)+1$ and `reachable_positions(n_layers, window, T)`, which composes
 #    the boolean window mask $L$ times (a boolean matrix product) and counts the positions
 #    the last token can reach. Show that both agree.
+# 5. (★★) **Decoding on the roofline.** A decode step reads every weight once ($b N$
+#    bytes) and does $2N$ FLOPs per sequence. Write `decode_tokens_per_second(n_params,
+#    batch, bytes_per_param, peak_flops, bandwidth)` from $t = \max(2 N B / \pi,\, b N /
+#    \beta)$ and `roofline_batch(bytes_per_param, peak_flops, bandwidth)`, the batch at which
+#    the two terms meet. For Llama 2 7B ($N = 6.74 \times 10^9$) in bf16 on the H100 of
+#    section 13.7, how many tokens per second does one sequence get, and from which batch
+#    size on does adding sequences stop raising the throughput? (The KV cache is ignored.)
 #
 # Reference solutions: `notebooks/solutions/13_kv_cache.py`.

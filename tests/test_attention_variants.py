@@ -10,6 +10,8 @@ from llmbook.inference.attention_variants import (
     LatentCache,
     MultiHeadLatentAttention,
     RollingKVCache,
+    deepseek_v3_attention,
+    latent_decode,
     sliding_window_decode,
     sliding_window_mask,
 )
@@ -18,6 +20,7 @@ from llmbook.transformer.attention import (
     causal_mask,
     scaled_dot_product_attention,
 )
+from llmbook.transformer.positional import rope_matrix
 
 # ---------------------------------------------------------------- sliding window
 
@@ -145,14 +148,11 @@ def test_mla_latent_cache_equals_full() -> None:
     x = torch.randn(2, 9, 16, dtype=torch.float64)
     full = m(x)
     for absorbed in (False, True):
-        cache = LatentCache(1, 2, 9, 3, dtype=torch.float64)
-        outs = [m(x[:, :4], cache=cache, absorbed=absorbed)]
-        cache.advance(4)
-        for t in range(4, 9):
-            outs.append(m(x[:, t:t + 1], cache=cache, absorbed=absorbed))
-            cache.advance(1)
-        assert torch.allclose(torch.cat(outs, 1), full, atol=1e-12, rtol=0)
+        out, cache = latent_decode(m, x, prefill=4, absorbed=absorbed)
+        assert torch.allclose(out, full, atol=1e-12, rtol=0)
     assert cache.num_bytes() == 2 * 9 * 3 * 8  # B T_max d_c float64
+    with pytest.raises(ValueError, match="prefill must be at most T=9"):
+        latent_decode(m, x, prefill=10)
 
 
 def test_mla_is_causal() -> None:
@@ -185,3 +185,102 @@ def test_mla_absorbed_gradients() -> None:
     g_naive = torch.autograd.grad(m(x).square().sum(), x)[0]
     g_absorbed = torch.autograd.grad(m(x, absorbed=True).square().sum(), x)[0]
     assert torch.allclose(g_naive, g_absorbed, atol=1e-12, rtol=0)
+
+
+# ---------------------------------------------------------------- MLA with decoupled RoPE
+
+
+def _mla_rope(seed: int = 0, d: int = 24, H: int = 3, d_h: int = 4, d_c: int = 5, d_r: int = 4,
+              dtype: torch.dtype = torch.float64) -> MultiHeadLatentAttention:
+    torch.manual_seed(seed)
+    return MultiHeadLatentAttention(d, H, d_h, d_c, dtype=dtype, d_rope=d_r, max_seq_len=32)
+
+
+def test_mla_rope_equals_explicit_rotation_matrices() -> None:
+    """Scores built position by position with rope_matrix (R_i q_R).(R_j k_R), no RotaryEmbedding."""
+    m = _mla_rope(1)
+    B, T, H, d_h, d_r = 2, 6, 3, 4, 4
+    x = torch.randn(B, T, 24, dtype=torch.float64)
+    R = torch.stack([rope_matrix(t, d_r) for t in range(T)])  # (T, d_R, d_R)
+    q = (x @ m.q_proj.weight.T).view(B, T, H, d_h)
+    k = (x @ m.kv_down.weight.T @ m.k_up.weight.T).view(B, T, H, d_h)
+    v = (x @ m.kv_down.weight.T @ m.v_up.weight.T).view(B, T, H, d_h)
+    q_r = torch.einsum("tij,bthj->bthi", R, (x @ m.q_rope.weight.T).view(B, T, H, d_r))
+    k_r = torch.einsum("tij,btj->bti", R, x @ m.k_rope.weight.T)  # (B, T, d_R): one per token
+    scores = (torch.einsum("bihd,bjhd->bhij", q, k) + torch.einsum("bihd,bjd->bhij", q_r, k_r))
+    scores = scores / (d_h + d_r) ** 0.5
+    scores = scores.masked_fill(~causal_mask(T), float("-inf"))
+    z = torch.einsum("bhij,bjhd->bihd", torch.softmax(scores, -1), v).reshape(B, T, H * d_h)
+    assert torch.allclose(m(x), z @ m.o_proj.weight.T, atol=1e-12, rtol=0)
+
+
+@settings(max_examples=20, deadline=None)
+@given(B=st.integers(1, 3), T=st.integers(1, 8), H=st.integers(1, 4), d_h=st.integers(1, 5),
+       d_c=st.integers(1, 6), half_r=st.integers(1, 3), seed=st.integers(0, 10_000))
+def test_mla_rope_absorbed_equals_naive(B, T, H, d_h, d_c, half_r, seed) -> None:
+    m = _mla_rope(seed, 10, H, d_h, d_c, 2 * half_r)
+    x = torch.randn(B, T, 10, dtype=torch.float64)
+    assert torch.allclose(m(x, absorbed=True), m(x), atol=1e-12, rtol=0)
+
+
+def test_mla_rope_cache_steps_equal_full_and_cache_size() -> None:
+    m = _mla_rope(2)
+    x = torch.randn(2, 9, 24, dtype=torch.float64)
+    full = m(x)
+    for absorbed in (False, True):
+        out, cache = latent_decode(m, x, prefill=3, absorbed=absorbed)
+        assert torch.allclose(out, full, atol=1e-12, rtol=0)
+    assert m.cache_width == 5 + 4
+    assert cache.num_bytes() == 2 * 9 * (5 + 4) * 8  # B T_max (d_c + d_R) float64
+    # the cached rows are [c ; k_R], the shared MQA key
+    _, k, v = m.mqa_form(x)
+    assert torch.equal(cache.latents[0], k[:, 0])
+    assert torch.equal(v[:, 0], k[:, 0, :, :5])
+
+
+def test_mla_rope_is_mqa_with_one_wide_key() -> None:
+    """softmax(q k^T / sqrt(d_h + d_R)) v with ONE key/value head broadcast to H query heads."""
+    m = _mla_rope(3)
+    x = torch.randn(2, 7, 24, dtype=torch.float64)
+    q, k, v = m.mqa_form(x)
+    assert q.shape == (2, 3, 7, 9) and k.shape == (2, 1, 7, 9) and v.shape == (2, 1, 7, 5)
+    z = F.scaled_dot_product_attention(q, k.expand(-1, 3, -1, -1), v.expand(-1, 3, -1, -1),
+                                       is_causal=True, scale=1 / (4 + 4) ** 0.5)  # (B, H, T, d_c)
+    out = torch.einsum("bhtc,hcd->btd", z, m.absorbed_weights()[1])
+    assert torch.allclose(out, m(x), atol=1e-12, rtol=0)
+
+
+def test_mla_rope_position_dependence() -> None:
+    """The rotary part is not a no-op: the same weights without it give another output."""
+    m = _mla_rope(4)
+    x = torch.randn(1, 5, 24, dtype=torch.float64)
+    no_rope = MultiHeadLatentAttention(24, 3, 4, 5, dtype=torch.float64)
+    no_rope.load_state_dict({k: v for k, v in m.state_dict().items() if "rope" not in k})
+    assert not torch.allclose(m(x), no_rope(x), atol=1e-6)
+
+
+def test_mla_matches_hugging_face_deepseek_v3() -> None:
+    pytest.importorskip("transformers.models.deepseek_v3")  # transformers >= 4.50
+    m = _mla_rope(5, d=32, H=4, d_h=6, d_c=7, d_r=4)
+    peer = deepseek_v3_attention(m)
+    T = 11
+    x = torch.randn(2, T, 32, dtype=torch.float64)
+    angles = torch.arange(T, dtype=torch.float64)[:, None] * m.rope.inv_freq  # (T, d_R/2)
+    emb = torch.cat((angles, angles), -1)[None]  # (1, T, d_R): HF's layout
+    mask = torch.zeros(T, T, dtype=torch.float64).masked_fill(~causal_mask(T), float("-inf"))
+    with torch.no_grad():
+        got = peer(x, position_embeddings=(emb.cos(), emb.sin()), attention_mask=mask[None, None])[0]
+        assert torch.allclose(got, m(x), atol=1e-12, rtol=0)
+        assert torch.allclose(got, m(x, absorbed=True), atol=1e-12, rtol=0)
+
+
+def test_mla_rope_errors() -> None:
+    with pytest.raises(ValueError, match="d_rope must be even"):
+        MultiHeadLatentAttention(12, 2, 4, 3, d_rope=3)
+    with pytest.raises(ValueError, match="d_rope must be >= 0"):
+        MultiHeadLatentAttention(12, 2, 4, 3, d_rope=-2)
+    m = MultiHeadLatentAttention(12, 2, 4, 3, d_rope=2)
+    with pytest.raises(ValueError, match="d_latent \\+ d_rope = 5"):
+        m(torch.zeros(1, 2, 12), cache=LatentCache(1, 1, 4, 3))
+    with pytest.raises(ValueError, match="d_rope > 0"):
+        deepseek_v3_attention(MultiHeadLatentAttention(12, 2, 4, 3))

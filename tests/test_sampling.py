@@ -1,5 +1,6 @@
 """Tests of llmbook.inference.sampling: the filters, generate, beam search, speculative sampling."""
 
+import copy
 import itertools
 import math
 
@@ -15,6 +16,7 @@ from llmbook.inference.sampling import (
     beam_search,
     chi_square_sf,
     chi_square_test,
+    early_exit_draft,
     expected_tokens_per_step,
     generate,
     residual_distribution,
@@ -211,6 +213,59 @@ def test_speculative_stats_and_identical_draft() -> None:
     assert ids.shape == (1, 14)
     assert stats.accepted == stats.proposed == [3, 3, 3, 0]  # 4 + 4 + 4 + 1 tokens
     assert sum(stats.tokens_per_step) == 13
+
+
+def _tiny_lm(seed: int, n_layers: int) -> TransformerLM:
+    config = TransformerConfig.llama_style(vocab_size=11, d_model=16, n_layers=n_layers,
+                                           n_heads=2, n_kv_heads=1, max_seq_len=40)
+    return TransformerLM(config, generator=torch.Generator().manual_seed(seed)).double().eval()
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_speculative_generate_cache_equals_recompute(gamma: int) -> None:
+    """With KV caches for both models (truncated after rejections) the same tokens and
+    acceptances come out as when both rerun the whole sequence."""
+    target, draft = _tiny_lm(0, 2), _tiny_lm(1, 1)
+    prompt = torch.tensor([[3, 1, 4]])
+    runs = []
+    for use_cache in (True, False):
+        g = torch.Generator().manual_seed(10 + gamma)
+        runs.append(speculative_generate(target, draft, prompt, 30, gamma, generator=g,
+                                         use_cache=use_cache))
+    (ids_c, st_c), (ids_r, st_r) = runs
+    assert ids_c.shape == (1, 33)
+    assert torch.equal(ids_c, ids_r)
+    assert st_c.accepted == st_r.accepted and st_c.proposed == st_r.proposed
+    assert 0 < sum(st_c.accepted) < sum(st_c.proposed)  # both accepts and rejects happened
+
+
+def test_speculative_generate_cache_with_a_bigram_draft() -> None:
+    """A cached TransformerLM target with a cache-less draft: same tokens as without caches."""
+    target = _tiny_lm(2, 2)
+    draft = BigramLM.from_probs(torch.full((11, 11), 1 / 11, dtype=torch.float64))
+    outs = [speculative_generate(target, draft, torch.tensor([[5]]), 20, 2,
+                                 generator=torch.Generator().manual_seed(4), use_cache=c)[0]
+            for c in (True, False)]
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_early_exit_draft() -> None:
+    target = _tiny_lm(3, 3)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        assert torch.equal(early_exit_draft(target, 3)(ids), target(ids))  # all layers: a copy
+        draft = early_exit_draft(target, 1)
+        skipped = copy.deepcopy(target)  # the target with blocks 1 and 2 made identities
+        for block in skipped.blocks[1:]:
+            block.forward = lambda x, *args, **kwargs: x
+        assert torch.allclose(draft(ids), skipped(ids), atol=1e-12, rtol=0)
+        assert not torch.allclose(draft(ids), target(ids), atol=1e-3)
+    assert draft.config.n_layers == 1 and len(draft.blocks) == 1
+    assert draft.embed.weight.data_ptr() != target.embed.weight.data_ptr()  # copied, not shared
+    with pytest.raises(ValueError, match=r"n_layers must be an int in \[1, 3\]"):
+        early_exit_draft(target, 4)
+    with pytest.raises(TypeError, match="TransformerLM"):
+        early_exit_draft(BigramLM.from_probs(torch.eye(3)), 1)
 
 
 def test_expected_tokens_per_step_formula_and_measurement() -> None:

@@ -47,3 +47,21 @@ def test_mla_equivalent_kv_heads() -> None:
 def test_receptive_field(L: int, W: int, T: int) -> None:
     expected = min(solutions.receptive_field(L, W), T)
     assert solutions.reachable_positions(L, W, T) == expected
+
+
+def test_decode_tokens_per_second_on_the_roofline() -> None:
+    N, b, peak, bw = 6.74e9, 2, 989e12, 3.35e12  # Llama 2 7B in bf16 on an H100 SXM
+    # B = 1: reading 13.48 GB at 3.35 TB/s takes 4.024 ms -> 248.5 tokens/s
+    assert solutions.decode_tokens_per_second(N, 1, b, peak, bw) == pytest.approx(248.5, abs=0.1)
+    B_star = solutions.roofline_batch(b, peak, bw)
+    assert B_star == pytest.approx(295.22, abs=0.01)
+    # memory-bound below B*: throughput grows linearly; compute-bound above: it stays at peak / 2N
+    assert solutions.decode_tokens_per_second(N, 100, b, peak, bw) == pytest.approx(
+        100 * solutions.decode_tokens_per_second(N, 1, b, peak, bw))
+    flat = peak / (2 * N)
+    for B in (296, 1000, 4096):
+        assert solutions.decode_tokens_per_second(N, B, b, peak, bw) == pytest.approx(flat)
+    below = solutions.decode_tokens_per_second(N, 295, b, peak, bw)
+    assert below < flat and below == pytest.approx(295 * bw / (b * N))
+    with pytest.raises(ValueError, match="batch"):
+        solutions.decode_tokens_per_second(N, 0, b, peak, bw)

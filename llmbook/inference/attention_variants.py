@@ -20,8 +20,11 @@ Introduced in notebooks/13_kv_cache. The KV cache itself is :class:`llmbook.infe
   Language Model", section 2.1.2): c = x W_DKV (d_c << H d_h), k = c W_UK, v = c W_UV; only c
   is cached. A naive path decompresses k and v; the absorbed path folds W_UK into the
   queries and W_UV into the output projection and attends in the d_c-dimensional latent
-  space. The decoupled RoPE key of the paper (section 2.1.3) is described in the chapter
-  and omitted here: this module's MLA has no positional encoding of its own.
+  space. With ``d_rope > 0`` it adds the paper's decoupled RoPE (section 2.1.3): a rotated
+  query of d_R dimensions per head and ONE rotated key of d_R dimensions shared by all heads,
+  cached next to c (d_c + d_R numbers per token and layer). The absorbed path is then
+  multi-query attention with one shared key [c ; k_R] of width d_c + d_R and one shared
+  value c of width d_c (:meth:`MultiHeadLatentAttention.mqa_form`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from torch import Tensor, nn
 
 from llmbook.transformer.attention import MultiHeadAttention, scaled_dot_product_attention
 from llmbook.transformer.model import TransformerConfig
+from llmbook.transformer.positional import RotaryEmbedding
 from llmbook.transformer.sizing import flops_per_token
 
 __all__ = [
@@ -41,8 +45,10 @@ __all__ = [
     "MultiHeadLatentAttention",
     "RollingKVCache",
     "decode_step_flops",
+    "deepseek_v3_attention",
     "generation_flops",
     "kv_cache_bytes_per_token",
+    "latent_decode",
     "mla_cache_bytes_per_token",
     "sliding_window_decode",
     "sliding_window_mask",
@@ -112,7 +118,7 @@ def mla_cache_bytes_per_token(n_layers: int, d_latent: int, d_rope: int = 0,
     """Bytes an MLA cache holds per token: L (d_c + d_R) bytes(dtype).
 
     Each layer caches the latent c (d_c) and, in DeepSeek-V2, the decoupled RoPE key
-    shared by all heads (d_R = d_h / 2 = 64 there; 0 for this module's MLA).
+    shared by all heads (d_R = d_h / 2 = 64 there; ``d_rope`` of :class:`MultiHeadLatentAttention`).
     """
     _check_int("n_layers", n_layers)
     _check_int("d_latent", d_latent)
@@ -220,7 +226,12 @@ def sliding_window_decode(attn: MultiHeadAttention, x: Tensor, window: int) -> T
 
 
 class LatentCache:
-    """The cache of multi-head latent attention: the latents c (B, T_max, d_c), one per layer."""
+    """The cache of multi-head latent attention: (B, T_max, width) per layer.
+
+    ``width`` is what MLA keeps per token and layer: d_c for the latent c alone, or
+    d_c + d_R when the decoupled RoPE key k_R (shared by all heads) is cached next to it,
+    as in DeepSeek-V2 (the row is [c ; k_R]). The attribute ``latents`` holds the buffers.
+    """
 
     def __init__(self, n_layers: int, batch_size: int, max_seq_len: int, d_latent: int,
                  dtype: torch.dtype = torch.float32) -> None:
@@ -230,8 +241,15 @@ class LatentCache:
         self.latents = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
         self.length = 0
 
+    @property
+    def width(self) -> int:
+        """Numbers cached per token and layer (d_c, or d_c + d_R with decoupled RoPE)."""
+        return self.latents[0].shape[2]
+
     def update(self, layer: int, c: Tensor) -> Tensor:
-        """Write the latents c (B, T, d_c) of the new positions; return all (B, length + T, d_c)."""
+        """Write the rows c (B, T, width) of the new positions; return all (B, length + T, width)."""
+        if not 0 <= layer < self.n_layers:
+            raise ValueError(f"layer must be in [0, {self.n_layers}), got {layer}")
         buf = self.latents[layer]
         if c.ndim != 3 or c.shape[0] != buf.shape[0] or c.shape[2] != buf.shape[2]:
             raise ValueError(f"c must have shape ({buf.shape[0]}, T, {buf.shape[2]}), got "
@@ -244,38 +262,51 @@ class LatentCache:
         return buf[:, :end]
 
     def advance(self, num_positions: int) -> None:
-        self.length += num_positions
+        """Count ``num_positions`` new positions once every layer has written them."""
+        self.length += _check_int("num_positions", num_positions)
 
     def num_bytes(self) -> int:
-        """Bytes of all latent buffers: L B T_max d_c bytes(dtype)."""
+        """Bytes of all buffers: L B T_max width bytes(dtype)."""
         return sum(t.numel() * t.element_size() for t in self.latents)
 
 
 class MultiHeadLatentAttention(nn.Module):
-    """Multi-head latent attention (DeepSeek-AI, 2024, DeepSeek-V2, eqs. 9-11), without RoPE.
+    """Multi-head latent attention (DeepSeek-AI, 2024, DeepSeek-V2, section 2.1, eqs. 9-19).
 
-    With x (B, T, d), H heads of width d_h and a latent width d_c:
+    With x (B, T, d), H heads of width d_h, a latent width d_c and a RoPE width d_R
+    (``d_rope``, 0 for none):
 
-        q = x W_Q  (B, T, H d_h),     c = x W_DKV  (B, T, d_c)   <- the only thing cached,
+        q = x W_Q  (B, T, H d_h),     c = x W_DKV  (B, T, d_c)     <- cached,
         k = c W_UK (B, T, H d_h),     v = c W_UV   (B, T, H d_h),
-        out = concat_h softmax(q_h k_h^T / sqrt(d_h) + causal) v_h  W_O.
+        q_R = RoPE(x W_QR) (B, T, H d_R),   k_R = RoPE(x W_KR) (B, T, d_R)  <- cached, ONE for all heads,
+        score_h(i, j) = (q_h,i . k_h,j + q_R,h,i . k_R,j) / sqrt(d_h + d_R),
+        out = concat_h softmax(score_h + causal) v_h  W_O.
 
-    ``forward(x, cache=None, layer=0, absorbed=False)``. The naive path (``absorbed=False``)
-    decompresses k and v. The absorbed path uses q_h k_h^T = (q_h W_UK,h^T) c^T: each head's
-    query is mapped into latent space by W_UK,h^T (d_h -> d_c), the scores are taken against
-    the cached c directly, the weights mix c (not v), and W_UV,h W_O,h (d_c -> d) maps the
-    result out. Both paths compute the same function. The queries are not compressed
-    (DeepSeek-V2 also compresses them, to save activation memory in training).
+    ``forward(x, cache=None, layer=0, absorbed=False)``; the positions of x are
+    ``cache.length, ..., cache.length + T - 1`` (0, ..., T-1 without a cache). The naive
+    path (``absorbed=False``) decompresses k and v. The absorbed path uses
+    q_h k_h^T = (q_h W_UK,h^T) c^T: each head's query is mapped into latent space by
+    W_UK,h^T (d_h -> d_c) and scored against the cached c directly; the weights mix c
+    (not v), and W_UV,h W_O,h (d_c -> d) maps the result out. RoPE cannot be absorbed (the
+    rotation R_{j-i} sits between W_UK and the query and depends on the positions), hence
+    the separate d_R dimensions, which are not absorbed. Both paths compute the same
+    function. The queries are not compressed (DeepSeek-V2 also compresses them, to save
+    activation memory in training), and the latent has no RMSNorm (DeepSeek-V2's code
+    normalises c).
     """
 
     def __init__(self, d_model: int, n_heads: int, d_head: int, d_latent: int,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, d_rope: int = 0, max_seq_len: int = 2048,
+                 rope_theta: float = 10000.0) -> None:
         super().__init__()
         self.d_model = _check_int("d_model", d_model)
         self.n_heads = _check_int("n_heads", n_heads)
         self.d_head = _check_int("d_head", d_head)
         self.d_latent = _check_int("d_latent", d_latent)
-        self.scale = 1.0 / math.sqrt(d_head)
+        self.d_rope = _check_int("d_rope", d_rope, minimum=0)
+        if d_rope % 2:
+            raise ValueError(f"d_rope must be even (RoPE rotates pairs), got d_rope={d_rope}")
+        self.scale = 1.0 / math.sqrt(d_head + d_rope)
         kw = {"bias": False, "dtype": dtype}
         D = n_heads * d_head
         self.q_proj = nn.Linear(d_model, D, **kw)  # W_Q
@@ -283,17 +314,41 @@ class MultiHeadLatentAttention(nn.Module):
         self.k_up = nn.Linear(d_latent, D, **kw)  # W_UK
         self.v_up = nn.Linear(d_latent, D, **kw)  # W_UV
         self.o_proj = nn.Linear(D, d_model, **kw)  # W_O
+        if d_rope:
+            self.q_rope = nn.Linear(d_model, n_heads * d_rope, **kw)  # W_QR: d_R per head
+            self.k_rope = nn.Linear(d_model, d_rope, **kw)  # W_KR: one key for all heads
+            table = torch.float64 if dtype == torch.float64 else torch.float32
+            self.rope = RotaryEmbedding(d_rope, rope_theta, _check_int("max_seq_len", max_seq_len),
+                                        dtype=table)
 
-    def _latent(self, x: Tensor, cache: LatentCache | None, layer: int) -> tuple[Tensor, Tensor]:
+    @property
+    def cache_width(self) -> int:
+        """Numbers cached per token and layer: d_c + d_R."""
+        return self.d_latent + self.d_rope
+
+    def _project(self, x: Tensor, cache: LatentCache | None,
+                 layer: int) -> tuple[Tensor, Tensor | None, Tensor]:
+        """q (B, H, T, d_h), q_R (B, H, T, d_R) or None, and the cached rows [c ; k_R] (B, T_k, d_c + d_R)."""
         if not isinstance(x, Tensor) or x.ndim != 3 or x.shape[-1] != self.d_model:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must have shape (B, T, d_model={self.d_model}), got {shape}")
-        c = self.kv_down(x)  # (B, T, d_c)
-        if cache is not None:
-            c = cache.update(layer, c)  # (B, T_k, d_c): cached + new
+        if cache is not None and cache.width != self.cache_width:
+            raise ValueError(f"cache must hold d_latent + d_rope = {self.cache_width} numbers per "
+                             f"token, got a LatentCache of width {cache.width}")
         B, T, _ = x.shape
+        start = 0 if cache is None else cache.length
+        positions = torch.arange(start, start + T)  # (T,)
+        c = self.kv_down(x)  # (B, T, d_c)
+        q_r = None
+        if self.d_rope:
+            k_r = self.rope(self.k_rope(x), positions)  # (B, T, d_R): rotated before caching
+            c = torch.cat((c, k_r), dim=-1)  # (B, T, d_c + d_R)
+            q_r = self.q_rope(x).view(B, T, self.n_heads, self.d_rope).transpose(1, 2)
+            q_r = self.rope(q_r, positions)  # (B, H, T, d_R)
+        if cache is not None:
+            c = cache.update(layer, c)  # (B, T_k, d_c + d_R): cached + new
         q = self.q_proj(x).view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_h)
-        return q, c
+        return q, q_r, c
 
     def absorbed_weights(self) -> tuple[Tensor, Tensor]:
         """W_UK reshaped per head (H, d_h, d_c) and W_UV W_O per head (H, d_c, d)."""
@@ -303,21 +358,108 @@ class MultiHeadLatentAttention(nn.Module):
         W_O = self.o_proj.weight.t().reshape(H, d_h, self.d_model)  # (H, d_h, d)
         return W_UK, W_UV @ W_O  # (H, d_h, d_c), (H, d_c, d)
 
+    def mqa_form(self, x: Tensor, cache: LatentCache | None = None,
+                 layer: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+        """The absorbed layer as multi-query attention: H queries, ONE shared key and value.
+
+        Returns q (B, H, T, d_c + d_R) = [q_h W_UK,h^T ; q_R,h], the shared key
+        k (B, 1, T_k, d_c + d_R) = [c ; k_R] (exactly the cached rows) and the shared value
+        v (B, 1, T_k, d_c) = c. softmax(q k^T / sqrt(d_h + d_R)) v per head, times
+        W_UV,h W_O,h summed over heads, is the layer's output.
+        """
+        q, q_r, c = self._project(x, cache, layer)
+        W_UK, _ = self.absorbed_weights()
+        q_wide = q @ W_UK  # (B, H, T, d_c): q_h W_UK,h^T
+        if q_r is not None:
+            q_wide = torch.cat((q_wide, q_r), dim=-1)  # (B, H, T, d_c + d_R)
+        return q_wide, c[:, None], c[:, None, :, :self.d_latent]
+
     def forward(self, x: Tensor, cache: LatentCache | None = None, layer: int = 0,
                 absorbed: bool = False) -> Tensor:
         """Causal self-attention of x (B, T, d_model) -> (B, T, d_model), appending to ``cache``."""
-        q, c = self._latent(x, cache, layer)  # (B, H, T, d_h), (B, T_k, d_c)
-        B, H, T, d_h = q.shape
+        B, T = x.shape[:2] if isinstance(x, Tensor) and x.ndim == 3 else (0, 0)
+        H, d_h, d_c = self.n_heads, self.d_head, self.d_latent
+        if absorbed:
+            q, k, v = self.mqa_form(x, cache, layer)  # (B, H, T, d_c+d_R), (B, 1, T_k, .), (B, 1, T_k, d_c)
+            T_k = k.shape[2]
+            causal = torch.arange(T_k)[None, :] <= torch.arange(T)[:, None] + (T_k - T)  # (T, T_k)
+            scores = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, T, T_k): one key for all heads
+            weights = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+            z_latent = weights @ v  # (B, H, T, d_c): mix the latents, not the values
+            return torch.einsum("bhtc,hcd->btd", z_latent, self.absorbed_weights()[1])  # (B, T, d)
+        q, q_r, c = self._project(x, cache, layer)  # (B, H, T, d_h), (B, H, T, d_R), (B, T_k, d_c + d_R)
         T_k = c.shape[1]
         causal = torch.arange(T_k)[None, :] <= torch.arange(T)[:, None] + (T_k - T)  # (T, T_k)
-        if not absorbed:
-            k = self.k_up(c).view(B, T_k, H, d_h).transpose(1, 2)  # (B, H, T_k, d_h)
-            v = self.v_up(c).view(B, T_k, H, d_h).transpose(1, 2)  # (B, H, T_k, d_h)
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=causal, scale=self.scale)
-            return self.o_proj(z.transpose(1, 2).reshape(B, T, H * d_h))  # (B, T, d)
-        W_UK, W_VO = self.absorbed_weights()
-        q_latent = q @ W_UK  # (B, H, T, d_c): q_h W_UK,h^T
-        scores = (q_latent @ c[:, None].transpose(-2, -1)) * self.scale  # (B, H, T, T_k)
-        weights = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
-        z_latent = weights @ c[:, None]  # (B, H, T, d_c): mix the latents, not the values
-        return torch.einsum("bhtc,hcd->btd", z_latent, W_VO)  # (B, T, d): sum over heads
+        latent = c[..., :d_c]  # (B, T_k, d_c)
+        k = self.k_up(latent).view(B, T_k, H, d_h).transpose(1, 2)  # (B, H, T_k, d_h)
+        v = self.v_up(latent).view(B, T_k, H, d_h).transpose(1, 2)  # (B, H, T_k, d_h)
+        if q_r is not None:  # append the rotated parts: the shared k_R is repeated per head
+            k = torch.cat((k, c[:, None, :, d_c:].expand(B, H, T_k, self.d_rope)), dim=-1)
+            q = torch.cat((q, q_r), dim=-1)  # (B, H, T, d_h + d_R)
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=causal, scale=self.scale)
+        return self.o_proj(z.transpose(1, 2).reshape(B, T, H * d_h))  # (B, T, d)
+
+
+
+@torch.no_grad()
+def latent_decode(mla: MultiHeadLatentAttention, x: Tensor, prefill: int,
+                  absorbed: bool = True) -> tuple[Tensor, LatentCache]:
+    """Run ``mla`` over x (B, T, d_model) as a decoder would: a prefill of the first
+    ``prefill`` positions, then one position at a time, with a :class:`LatentCache`.
+
+    Returns the outputs (B, T, d_model), equal to ``mla(x, absorbed=absorbed)`` (the full
+    causal pass), and the cache, which then holds the T rows [c ; k_R] of width
+    d_c + d_R.
+    """
+    if not isinstance(x, Tensor) or x.ndim != 3:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"x must have shape (B, T, d_model), got {shape}")
+    B, T, _ = x.shape
+    prefill = _check_int("prefill", prefill)
+    if prefill > T:
+        raise ValueError(f"prefill must be at most T={T}, got prefill={prefill}")
+    cache = LatentCache(1, B, T, mla.cache_width, dtype=x.dtype)
+    outputs = [mla(x[:, :prefill], cache=cache, absorbed=absorbed)]
+    cache.advance(prefill)
+    for t in range(prefill, T):
+        outputs.append(mla(x[:, t:t + 1], cache=cache, absorbed=absorbed))
+        cache.advance(1)
+    return torch.cat(outputs, dim=1), cache
+
+def deepseek_v3_attention(mla: MultiHeadLatentAttention) -> nn.Module:
+    """Hugging Face's ``DeepseekV3Attention`` holding the weights of ``mla``: an independent peer.
+
+    The config has ``q_lora_rank=None`` (uncompressed queries), ``kv_lora_rank = d_c``,
+    ``qk_nope_head_dim = v_head_dim = d_h``, ``qk_rope_head_dim = d_R`` and the half-split
+    RoPE (``rope_interleave=False``); the weights are copied into its fused layout
+    (q_proj = per head [W_Q,h ; W_QR,h], kv_a_proj_with_mqa = [W_DKV ; W_KR],
+    kv_b_proj = per head [W_UK,h ; W_UV,h]). Its RMSNorm on the latent is replaced by the
+    identity, because this module's MLA has none; attention runs through ``sdpa`` (HF's
+    eager path takes the softmax in float32). Call it as
+    ``peer(x, position_embeddings=(cos, sin), attention_mask=additive_mask)[0]`` with cos/sin
+    of shape (1, T, d_R) in HF's layout ``cat(angles, angles)``. Requires ``d_rope > 0``.
+    """
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
+
+    if not isinstance(mla, MultiHeadLatentAttention) or mla.d_rope == 0:
+        raise ValueError("mla must be a MultiHeadLatentAttention with d_rope > 0")
+    d, H, d_h, d_c, d_r = mla.d_model, mla.n_heads, mla.d_head, mla.d_latent, mla.d_rope
+    config = DeepseekV3Config(hidden_size=d, num_attention_heads=H, num_key_value_heads=H,
+                              q_lora_rank=None, kv_lora_rank=d_c, qk_nope_head_dim=d_h,
+                              qk_rope_head_dim=d_r, v_head_dim=d_h, rope_interleave=False,
+                              max_position_embeddings=mla.rope.max_seq_len, num_hidden_layers=1,
+                              vocab_size=8, attention_bias=False)
+    config._attn_implementation = "sdpa"
+    weight = mla.q_proj.weight
+    peer = DeepseekV3Attention(config, layer_idx=0).to(dtype=weight.dtype).eval()
+    peer.kv_a_layernorm = nn.Identity()
+    with torch.no_grad():
+        peer.q_proj.weight.copy_(torch.cat((weight.view(H, d_h, d), mla.q_rope.weight.view(H, d_r, d)),
+                                           dim=1).reshape(H * (d_h + d_r), d))
+        peer.kv_a_proj_with_mqa.weight.copy_(torch.cat((mla.kv_down.weight, mla.k_rope.weight)))
+        peer.kv_b_proj.weight.copy_(torch.cat((mla.k_up.weight.view(H, d_h, d_c),
+                                               mla.v_up.weight.view(H, d_h, d_c)),
+                                              dim=1).reshape(H * 2 * d_h, d_c))
+        peer.o_proj.weight.copy_(mla.o_proj.weight)
+    return peer

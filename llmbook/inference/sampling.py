@@ -24,6 +24,7 @@ logits from a table indexed by the last token) for worked examples, and
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -41,6 +42,7 @@ __all__ = [
     "beam_search",
     "chi_square_sf",
     "chi_square_test",
+    "early_exit_draft",
     "expected_tokens_per_step",
     "generate",
     "residual_distribution",
@@ -409,10 +411,64 @@ def _probs(model: nn.Module, ids: Tensor) -> Tensor:
     return torch.softmax(model(ids)[0].double(), dim=-1)  # (T, V)
 
 
+class _Scorer:
+    """Next-token probabilities of ``model`` at the last positions of a growing sequence.
+
+    With a KV cache (a :class:`~llmbook.transformer.model.TransformerLM` and ``use_cache``)
+    only the positions not yet cached run through the model; :meth:`forget` drops cached
+    positions that were rejected. Other models rerun the whole sequence.
+    """
+
+    def __init__(self, model: nn.Module, use_cache: bool, max_len: int) -> None:
+        self.model = model
+        self.cache = KVCache.for_model(model, 1, max_len) \
+            if use_cache and isinstance(model, TransformerLM) else None
+
+    def __call__(self, ids: Tensor, n: int) -> Tensor:
+        """p(. | ids[:, :t]) for the last ``n`` positions t of ``ids`` (1, L): (n, V) float64."""
+        if self.cache is None:
+            return _probs(self.model, ids)[-n:]
+        if self.cache.length > ids.shape[1] - n:  # keep at least n positions to run
+            self.cache.truncate(ids.shape[1] - n)
+        logits = self.model(ids[:, self.cache.length:], cache=self.cache)[0]  # (new, V)
+        return torch.softmax(logits.double(), dim=-1)[-n:]
+
+    def forget(self, length: int) -> None:
+        """Drop cached positions from ``length`` on (they held rejected draft tokens)."""
+        if self.cache is not None and self.cache.length > length:
+            self.cache.truncate(length)
+
+
+def early_exit_draft(model: TransformerLM, n_layers: int) -> TransformerLM:
+    """A draft model made of the first ``n_layers`` blocks of ``model`` and its output head.
+
+    The embeddings, the first ``n_layers`` decoder blocks, the final norm and the (tied or
+    separate) output projection are copied from ``model``; the later blocks are skipped.
+    This is the *self-speculative* draft of Zhang et al. (2024, "Draft & Verify: Lossless
+    Large Language Model Acceleration via Self-Speculative Decoding") and Elhoushi et al.
+    (2024, "LayerSkip: Enabling Early Exit Inference and Self-Speculative Decoding"): it
+    shares the target's vocabulary, costs about n_layers / L of a target pass, and needs no
+    training (a model trained for early exit, as in LayerSkip, drafts better). Returned in
+    eval mode, on ``model``'s device and dtype; ``n_layers = L`` gives a copy of ``model``.
+    """
+    if not isinstance(model, TransformerLM):
+        raise TypeError(f"model must be a TransformerLM, got {type(model).__name__}")
+    L = model.config.n_layers
+    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or not 1 <= n_layers <= L:
+        raise ValueError(f"n_layers must be an int in [1, {L}], got {n_layers!r}")
+    p = next(model.parameters())
+    draft = TransformerLM(dataclasses.replace(model.config, n_layers=n_layers)).to(p.device, p.dtype)
+    kept = {k: v for k, v in model.state_dict().items()
+            if not k.startswith("blocks.") or int(k.split(".")[1]) < n_layers}
+    draft.load_state_dict(kept)
+    return draft.eval()
+
+
 @torch.no_grad()
 def speculative_generate(target: nn.Module, draft: nn.Module, prompt_ids: Tensor,
                          max_new_tokens: int, gamma: int,
-                         generator: torch.Generator | None = None) -> tuple[Tensor, SpeculativeStats]:
+                         generator: torch.Generator | None = None,
+                         use_cache: bool = True) -> tuple[Tensor, SpeculativeStats]:
     """Speculative sampling from ``target`` with proposals from ``draft`` (both at T = 1).
 
     ``prompt_ids`` (1, T). Each step: the draft samples gamma tokens x_1..x_gamma one by one
@@ -422,8 +478,14 @@ def speculative_generate(target: nn.Module, draft: nn.Module, prompt_ids: Tensor
     and the step ends; if all are accepted, one more token is drawn from p. Every token is
     distributed exactly as under the target alone. Near the end fewer than gamma tokens
     are drafted, so that exactly ``max_new_tokens`` are returned: ids (1, T + max_new_tokens)
-    and the :class:`SpeculativeStats`. The models are rerun on the whole sequence (no KV
-    cache), which is fine for the book's small models.
+    and the :class:`SpeculativeStats`.
+
+    With ``use_cache`` each :class:`~llmbook.transformer.model.TransformerLM` among the two
+    keeps a :class:`~llmbook.inference.kvcache.KVCache`: a draft pass runs one new token, a
+    target pass the gamma + 1 new ones, and the positions of rejected tokens are truncated
+    away. Without it (and for any other model ``ids -> logits``) every pass reruns the
+    whole sequence. Both give the same tokens for the same ``generator``, up to
+    floating-point round-off in the probabilities.
     """
     ids = _check_ids(prompt_ids)
     if ids.shape[0] != 1:
@@ -440,15 +502,17 @@ def speculative_generate(target: nn.Module, draft: nn.Module, prompt_ids: Tensor
                          "token by token, so both must share one vocabulary")
     stats = SpeculativeStats()
     T_end = ids.shape[1] + max_new_tokens
+    target_probs = _Scorer(target, use_cache, T_end)
+    draft_probs = _Scorer(draft, use_cache, T_end)
     while ids.shape[1] < T_end:
         g = min(gamma, T_end - ids.shape[1] - 1)
         x, qs = ids, []
         for _ in range(g):  # the draft proposes g tokens
-            q = _probs(draft, x)[-1]  # (V,)
+            q = draft_probs(x, 1)[0]  # (V,)
             tok = torch.multinomial(q, 1, generator=generator)  # (1,)
             qs.append(q)
             x = torch.cat([x, tok[None]], dim=1)
-        p = _probs(target, x)[-(g + 1):]  # (g + 1, V): one target pass
+        p = target_probs(x, g + 1)  # (g + 1, V): one target pass
         drafted = x[0, ids.shape[1]:].tolist()
         n_ok, extra = 0, None
         for i, tok in enumerate(drafted):
@@ -463,6 +527,8 @@ def speculative_generate(target: nn.Module, draft: nn.Module, prompt_ids: Tensor
             extra = torch.multinomial(p[g], 1, generator=generator)  # all accepted: a bonus
         new = torch.tensor(drafted[:n_ok] + [int(extra)], dtype=torch.long)
         ids = torch.cat([ids, new[None]], dim=1)
+        for scorer in (target_probs, draft_probs):  # keep only accepted positions cached
+            scorer.forget(ids.shape[1] - 1)
         stats.proposed.append(g)
         stats.accepted.append(n_ok)
     return ids, stats

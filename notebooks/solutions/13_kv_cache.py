@@ -49,3 +49,23 @@ def reachable_positions(n_layers: int, window: int, T: int) -> int:
     for _ in range(n_layers):
         reach = ((mask @ reach) > 0).to(torch.int64)  # one more layer of attention
     return int(reach[-1].sum())
+
+
+def decode_tokens_per_second(n_params: float, batch: int, bytes_per_param: float,
+                             peak_flops: float, bandwidth: float) -> float:
+    """Exercise 5: tokens/s of a decode step on the roofline, weights only.
+
+    One step reads every weight once (b N bytes) and does 2 N FLOPs per sequence:
+    t = max(2 N B / peak, b N / bandwidth); the batch emits B tokens in that time.
+    """
+    for name, value in (("n_params", n_params), ("batch", batch), ("bytes_per_param", bytes_per_param),
+                        ("peak_flops", peak_flops), ("bandwidth", bandwidth)):
+        if not value > 0:
+            raise ValueError(f"{name} must be positive, got {value!r}")
+    seconds = max(2 * n_params * batch / peak_flops, bytes_per_param * n_params / bandwidth)
+    return batch / seconds
+
+
+def roofline_batch(bytes_per_param: float, peak_flops: float, bandwidth: float) -> float:
+    """Exercise 5: the batch at which 2 N B / peak = b N / bandwidth: B* = b peak / (2 bandwidth)."""
+    return bytes_per_param * peak_flops / (2 * bandwidth)
