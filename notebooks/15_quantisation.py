@@ -16,15 +16,20 @@
 # 5. **NF4**: QLoRA's 4-bit code book built from normal quantiles, checked against the
 #    published table;
 # 6. **GPTQ**: rounding one weight at a time and correcting the others with the optimal brain
-#    surgeon update, derived with a Lagrange multiplier;
+#    surgeon update, derived with a Lagrange multiplier and a Schur complement, and checked
+#    against least squares on the inputs and against the exact optimum found by enumeration;
 # 7. **AWQ**: scaling up the weights that meet large activations;
-# 8. the book's model at 8, 4 and 3 bits with the three methods, and the memory saved.
+# 8. the book's model at 8, 4 and 3 bits with the three methods (AWQ with one scale per
+#    shared input, folded into the norms), and the memory saved;
+# 9. the roofline of decoding: why $b$-bit weights make it about $16/b$ times faster.
 #
 # The code lives in `llmbook.inference.quant` (quantisers, integer matmul, NF4) and `llmbook.inference.gptq`
 # (GPTQ, AWQ, whole models).
 
 # %%
+import copy
 import math
+import time
 
 import matplotlib.pyplot as plt
 import sympy as sp
@@ -32,12 +37,15 @@ import torch
 from IPython.display import display
 
 from llmbook.inference.gptq import (
+    awq_scale_model,
     awq_scale_search,
+    gptq_lstsq_reference,
     gptq_quantize,
     gptq_quantize_naive,
     hessian_from_inputs,
     layer_output_error,
     model_memory_bytes,
+    quantize_brute_force,
     quantize_model,
     quantize_rtn,
 )
@@ -49,6 +57,8 @@ from llmbook.inference.quant import (
     nf4_offset,
     quantize_absmax,
     quantize_zeropoint,
+    roofline,
+    stored_bits_per_weight,
 )
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
 from llmbook.text.data import default_source
@@ -351,14 +361,79 @@ display(sp.Eq(sp.Symbol(r"\delta"), sp.Symbol(r"-\frac{w_q - \mathrm{quant}(w_q)
 # %% [markdown]
 # So rounding weight $q$ and compensating optimally moves the row by
 # $\delta = -\frac{w_q - \mathrm{quant}(w_q)}{[H^{-1}]_{qq}} H^{-1}_{:,q}$ and costs
-# $\frac{(w_q - \mathrm{quant}(w_q))^2}{2[H^{-1}]_{qq}}$. **GPTQ** (Frantar et al., 2023,
+# $\frac{(w_q - \mathrm{quant}(w_q))^2}{2[H^{-1}]_{qq}}$. The stationary point is the
+# minimiser: with $H$ positive definite the objective is strictly convex on the constraint's
+# line. **GPTQ** (Frantar et al., 2023,
 # "GPTQ: Accurate Post-Training Quantization for Generative Pre-trained Transformers")
 # applies this to the columns in a fixed order $q = 0, 1, \dots, d_{in}-1$, for all rows at
 # once (they share $H$): round column $q$, push its error into the columns not yet rounded,
-# then remove $q$ from the problem. Removing a variable from a quadratic form replaces the
-# inverse Hessian by a Schur complement, a rank-one downdate,
-# $H^{-1} \leftarrow H^{-1} - H^{-1}_{:,q} H^{-1}_{q,:} / [H^{-1}]_{qq}$. The teaching version
-# does exactly that:
+# then remove $q$ from the problem. The next step needs the inverse of $H$ with row and
+# column $q$ deleted, and GPTQ obtains it from $H^{-1}$ by a rank-one **downdate**:
+#
+# $$ (H_{-q,-q})^{-1} = \Big(H^{-1} - \frac{H^{-1}_{:,q} H^{-1}_{q,:}}{[H^{-1}]_{qq}}\Big)_{-q,-q} . $$
+#
+# Why: order the variables so that $q$ comes last, $H = \begin{pmatrix} A & b \\ b^\top & c
+# \end{pmatrix}$ with $A = H_{-q,-q}$. The block inverse is built on the **Schur complement**
+# $s = c - b^\top A^{-1} b$: $H^{-1} = \begin{pmatrix} A^{-1} + A^{-1}bb^\top A^{-1}/s &
+# -A^{-1}b/s \\ -b^\top A^{-1}/s & 1/s\end{pmatrix}$. SymPy checks, with $A$ and $b$ left as
+# matrix symbols (any size), that this is the inverse, and that the downdate of it is
+# $A^{-1}$; the bottom row of $HH^{-1} = I$ reduces to the scalar $u = b^\top A^{-1} b$:
+
+# %%
+n_ = 3  # the symbols stand for any size; SymPy needs one to build them
+A_ = sp.MatrixSymbol("A", n_, n_)
+b_ = sp.MatrixSymbol("b", n_, 1)
+s_c, c_c, u_c = sp.symbols("s c u")  # Schur complement, corner, u = b^T A^-1 b
+Ai = A_.I
+top, col, row, corner = Ai + Ai * b_ * b_.T * Ai / s_c, -Ai * b_ / s_c, -b_.T * Ai / s_c, 1 / s_c
+schur = {"top-left of H H^-1": sp.simplify((A_ * top + b_ * row).expand()),
+         "top-right of H H^-1": sp.simplify(A_ * col + b_ * corner),
+         # bottom row: b^T top + c row = b^T A^-1 (1 + u/s - c/s); b^T col + c/s = (c - u)/s
+         "bottom-left factor": sp.simplify((1 + u_c / s_c - c_c / s_c).subs(s_c, c_c - u_c)),
+         "bottom-right": sp.simplify(((c_c - u_c) / s_c).subs(s_c, c_c - u_c)),
+         "downdate - A^-1": sp.simplify(top - col * row / corner - Ai)}
+for k_, v_ in schur.items():
+    print(f"{k_:22s} = {v_}")
+
+# %% [markdown]
+# The same identity on explicit matrices: a general symmetric $H$ of size 3 (every $q$) and
+# 4 ($q = 1$), ten free entries, with $H^{-1} = \operatorname{adj}(H)/\det H$ so that the
+# claim "downdate $\times\ H_{-q,-q} = I$" becomes a polynomial identity that `expand`
+# decides:
+
+# %%
+def symmetric_matrix(n):
+    """A general symmetric n x n matrix of n(n+1)/2 free symbols."""
+    entries = iter(sp.symbols(f"h0:{n * (n + 1) // 2}", real=True))
+    M = sp.zeros(n, n)
+    for i in range(n):
+        for j in range(i, n):
+            M[i, j] = M[j, i] = next(entries)
+    return M
+
+
+downdate_ok = {}
+for n_h, qs in ((3, (0, 1, 2)), (4, (1,))):
+    Hs = symmetric_matrix(n_h)
+    adj, det_h = Hs.adjugate(), sp.expand(Hs.det(method="berkowitz"))
+    for q_ in qs:
+        keep = [i for i in range(n_h) if i != q_]
+        # det(H) [adj]_qq x downdate = adj_KK adj_qq - adj_Kq adj_qK  (K: the kept indices)
+        numer = adj.extract(keep, keep) * adj[q_, q_] - adj.extract(keep, [q_]) * adj.extract([q_], keep)
+        residual = (numer * Hs.extract(keep, keep) - det_h * adj[q_, q_] * sp.eye(n_h - 1)).applyfunc(sp.expand)
+        downdate_ok[f"{n_h}x{n_h}, q = {q_}"] = residual.is_zero_matrix
+checks = Checks("GPTQ's downdate, derived")
+expected = {"top-left of H H^-1": sp.Identity(n_), "top-right of H H^-1": sp.ZeroMatrix(n_, 1),
+            "bottom-left factor": 0, "bottom-right": 1, "downdate - A^-1": sp.ZeroMatrix(n_, n_)}
+for k_, v_ in schur.items():
+    checks.true(f"Schur block inverse: {k_} = {expected[k_]}", v_ == expected[k_], got=v_)
+for k_, ok in downdate_ok.items():
+    checks.true(f"downdate x H_-q,-q = I, {k_}", ok, got="residual expands to 0" if ok else "nonzero")
+checks
+
+# %% [markdown]
+# The teaching version keeps $H^{-1}$ and applies the OBS update and the downdate column by
+# column:
 
 # %%
 show_source(gptq_quantize_naive)
@@ -398,13 +473,83 @@ checks.close("OBS loss estimate / ‖(W - Ŵ)Xᵀ‖²", 1.0, stats["loss"] / er
 checks
 
 # %% [markdown]
+# ### Two references that do not share GPTQ's algebra
+#
+# "Cholesky = naive" only shows that two implementations of one algebra agree. Two
+# checks that use none of it:
+#
+# **Least squares on $X$.** After column $q$ is rounded, the best values of the columns
+# not yet rounded are those that make the layer's outputs closest to the original ones,
+# $\min_{W_F} \lVert X W^\top - X_Q \hat W_Q^\top - X_F W_F^\top\rVert$, with $Q$ the rounded
+# columns and $F$ the free ones: an ordinary least-squares problem in $X$ itself.
+# `gptq_lstsq_reference` solves it with `torch.linalg.lstsq` after every column, and never
+# forms $H$ or its inverse. If the OBS update and the downdate are right, it lands on the
+# same $\hat W$. GPTQ's damping is a ridge term, reproduced by appending the rows
+# $\sqrt{\lambda/2}\, I$ to $X$ (then $2X^\top X$ becomes $2X^\top X + \lambda I$):
+
+# %%
+show_source(gptq_lstsq_reference)
+
+# %%
+checks = Checks("GPTQ vs sequential least squares on X (no H⁻¹)")
+for damp, group in ((0.0, None), (0.01, 16)):
+    W_ls = gptq_lstsq_reference(Wl, Xc, 3, group, damp=damp)
+    W_g, _ = gptq_quantize(Wl, Hl, 3, group, block_size=32, damp=damp)
+    checks.close(f"damp {damp}, groups {group}: lstsq = GPTQ (Cholesky)", W_ls, W_g, tol=1e-10)
+checks
+
+# %% [markdown]
+# **The true optimum.** GPTQ is greedy: each column is rounded once, and never revisited.
+# On a layer small enough, one row of 6 weights at 2 bits, all $4^6 = 4096$ points of the
+# quantisation grid can be tried (`quantize_brute_force`; the grid is the row's zero-point
+# grid that RTN and GPTQ use too), which gives the exact minimum of
+# $\lVert X(w - \hat w)^\top\rVert$. Over 200 random problems with correlated inputs,
+# where do RTN and GPTQ land?
+
+# %%
+show_source(quantize_brute_force)
+
+# %%
+g_bf = torch.Generator().manual_seed(15)  # its own stream
+gaps = {"rtn": [], "gptq": []}  # error / optimal error - 1
+for _ in range(200):
+    X6 = torch.randn(64, 6, generator=g_bf, dtype=f64) @ (torch.randn(6, 6, generator=g_bf, dtype=f64)
+                                                          + 2 * torch.eye(6, dtype=f64))
+    w6 = torch.randn(1, 6, generator=g_bf, dtype=f64)
+    H6 = hessian_from_inputs(X6)
+    e_opt = layer_output_error(w6, quantize_brute_force(w6, H6, 2), X6)
+    gaps["rtn"].append(layer_output_error(w6, quantize_rtn(w6, 2), X6) / e_opt - 1)
+    gaps["gptq"].append(layer_output_error(w6, gptq_quantize(w6, H6, 2, damp=0.0)[0], X6) / e_opt - 1)
+gaps = {k: torch.tensor(v, dtype=f64) for k, v in gaps.items()}
+print(f"{'':6s} {'optimal (of 200)':>17s} {'median excess':>14s} {'90th pct':>9s} {'worst':>7s}")
+for k, v in gaps.items():
+    print(f"{k:6s} {int((v < 1e-9).sum()):17d} {float(v.median()):14.1%} "
+          f"{float(v.quantile(0.9)):9.1%} {float(v.max()):7.1%}")
+checks = Checks("brute-force optimum, 1 x 6 weights, 2 bits, 200 problems")
+checks.true("no method beats the enumerated optimum", bool(min(v.min() for v in gaps.values()) > -1e-9),
+            got=float(min(v.min() for v in gaps.values())))
+checks.true("GPTQ's median excess < RTN's", bool(gaps["gptq"].median() < gaps["rtn"].median()),
+            got=f"{float(gaps['gptq'].median()):.3f} vs {float(gaps['rtn'].median()):.3f}")
+checks.true("GPTQ no worse than RTN in most problems", int((gaps["gptq"] <= gaps["rtn"] + 1e-12).sum()) > 150,
+            got=int((gaps["gptq"] <= gaps["rtn"] + 1e-12).sum()))
+checks
+
+# %% [markdown]
+# GPTQ sits between the two: it finds the exact optimum in 89 of the 200 problems (RTN in
+# 55), and its median excess over the optimum is about 7 % against RTN's 30 %. It is not
+# an optimiser, though: in 33 problems its greedy choice of an early column ends up worse
+# than plain rounding, and its worst case is nearly three times the optimal error. On layers
+# of realistic width the enumeration is impossible ($2^{b\,d_{in}}$ points), and GPTQ is the
+# practical compromise.
+
+# %% [markdown]
 # ## 15.7 AWQ: protecting the weights that meet large activations
 #
 # Lin et al. (2024, "AWQ: Activation-aware Weight Quantization for LLM Compression and
 # Acceleration") observe that the weights in the input channels with large activations
 # matter most, and protect them without mixed precision: multiply input column $j$ of $W$
-# by $s_j > 1$ before quantising and divide the activations by $s_j$
-# (in practice folded into the preceding norm or layer). The scaled weight's rounding error
+# by $s_j > 1$ before quantising and divide the activations by $s_j$ (section 15.8 folds the
+# division into the operation that produces the input). The scaled weight's rounding error
 # is divided by $s_j$ on the way out, so the salient channels lose less. The scales are
 # $s = \overline{|X|}^{\,\alpha}$, the mean activation magnitude per channel to a power
 # $\alpha \in [0,1]$ found by a grid search on the layer's output error ($\alpha = 0$ is RTN):
@@ -413,8 +558,9 @@ checks
 show_source(awq_scale_search)
 
 # %% [markdown]
-# On the outlier layer of section 15.4 at 3 bits with groups of 32, the search picks a large
-# $\alpha$ and cuts the output error; on the well-behaved layer above it has little to gain:
+# On the outlier layer of section 15.4 at 3 bits with groups of 32, the search for this one
+# layer picks a large $\alpha$ and cuts the output error; on the well-behaved layer above it
+# has little to gain:
 
 # %%
 checks = Checks("AWQ at 3 bits, groups of 32")
@@ -435,9 +581,10 @@ checks
 # float, as is common. `quantize_model` stores the dequantised weights in float ("fake
 # quantisation"): the model computes what a kernel reading the codes would, so the loss
 # measures exactly the quantisation error. GPTQ and AWQ calibrate on 256 windows of 16
-# tokens of training data, layer by layer in forward order, each layer seeing the outputs of
-# the already-quantised layers before it; the loss is measured on validation data, on the
-# predictions that see the source's full context, as in chapter 10.
+# tokens of training data. GPTQ goes layer by layer in forward order, each layer seeing the
+# outputs of the already-quantised layers before it; AWQ searches its scales on the float
+# model's activations, as the authors' code does. The loss is measured on validation data,
+# on the predictions that see the source's full context, as in chapter 10.
 
 # %%
 show_source(quantize_model)
@@ -446,6 +593,56 @@ show_source(quantize_model)
 d = RECIPES["synthetic"]["data"]
 train_tokens, val_tokens = default_source().train_val(d["num_train"], d["num_val"], seed=d["seed"])
 calib, _ = get_batch(train_tokens, 256, 16, "cpu", torch.Generator().manual_seed(0))
+
+# %% [markdown]
+# ### AWQ in a model: one scale per input, folded away
+#
+# A scale $s$ on the input of a layer is free only if something can divide the input by
+# $s$ before it arrives. In a pre-norm block that is the norm: its output is
+# $\hat x \odot \gamma + \beta$, and dividing $\gamma$ and $\beta$ by $s$ divides the
+# output. But `q_proj`, `k_proj` and `v_proj` all read that *one* output, so they must
+# share *one* $s$; three separately searched scales could not all be folded into one norm.
+# So `awq_scale_model` groups the layers by their input, as Lin et al. (2024, section 3.2
+# and their released code) do, and scores each $\alpha$ on the output of the sub-block the
+# group feeds, not of each layer:
+#
+# | group | shares the input | $1/s$ folded into | $\alpha$ scored on |
+# |---|---|---|---|
+# | q, k, v | attention norm's output | the attention norm's $\gamma, \beta$ | the attention output |
+# | o_proj | $PV$, the heads' outputs | the rows (and bias) of v_proj | o_proj's output |
+# | fc | MLP norm's output | the MLP norm's $\gamma, \beta$ | the MLP output |
+# | proj | GELU(fc $x$) | nothing: GELU$(x/s) \ne$ GELU$(x)/s$ | proj's output |
+#
+# The o_proj fold works because attention mixes the rows of $V$ with weights that do not
+# depend on $V$: dividing the $j$-th output of v_proj by $s_j$ divides the $j$-th input of
+# o_proj by $s_j$ exactly (not so under grouped-query attention, where one row of v_proj
+# feeds several heads). The MLP's output layer has no such producer in a GELU MLP (in
+# SwiGLU, down_proj's input is linear in up_proj, which takes the fold); its scale stays an
+# explicit division of the input, $\hat W = Q(W\,\mathrm{diag}(s))\,\mathrm{diag}(s)^{-1}$,
+# which a kernel applies to the activations (AWQ's code does the same for GELU models with a
+# "scaled activation"). Folding must not change the float model at all, and in float64 it
+# does not:
+
+# %%
+show_source(awq_scale_model)
+
+# %%
+scaled, awq_records = awq_scale_model(model, 3, 32, calib)
+print(f"{'block':>5s}  {'group':8s} {'alpha':>5s}  {'1/s folded into':22s} {'sub-block error / RTN':>22s}")
+for r in awq_records:
+    print(f"{r['block']:5d}  {r['group']:8s} {r['alpha']:5.2f}  {str(r['folded_into']):22s} "
+          f"{min(r['errors']) / r['errors'][0]:22.3f}")
+model64 = copy.deepcopy(model).to(f64)
+checks = Checks("AWQ scales folded into the float model (float64)")
+checks.close("logits of the folded model vs the original", model64(calib), scaled(calib), tol=1e-12)
+ratio = scaled.blocks[0].attn_norm.weight / model64.blocks[0].attn_norm.weight
+checks.close("attention norm gain divided by the q/k/v scale", 1 / awq_records[0]["scales"], ratio,
+             tol=1e-12)
+checks.true("every group's error <= its RTN error (α = 0)",
+            all(min(r["errors"]) <= r["errors"][0] for r in awq_records),
+            got=f"{sum(min(r['errors']) < r['errors'][0] for r in awq_records)} of "
+                f"{len(awq_records)} strictly lower")
+checks
 
 
 def val_loss(m):
@@ -476,10 +673,13 @@ plt.show()
 # %% [markdown]
 # At 8 bits every method is indistinguishable from the float model. At 4 and 3 bits
 # round-to-nearest costs visibly more, and GPTQ recovers most of it: its perplexity increase
-# is a fraction of RTN's. AWQ is no better than RTN here, and slightly worse at 3 bits: this
-# small model has no outlier channels for it to protect, and although its search never does
-# worse than RTN on each layer's calibration outputs, that does not carry over to the loss
-# of the whole model, where the layers' errors combine.
+# is a fraction of RTN's. AWQ is no better than RTN here, and slightly worse at 3 bits. The
+# earlier version of this chapter searched a separate scale for every layer, which cannot
+# be folded; it gave +0.0215 at 4 bits and +0.1007 at 3 bits, the shared, folded scales
+# above give about the same. The reason is the model, not the bookkeeping: it has no
+# outlier channels to protect (the search picks small $\alpha$ and gains a few per cent per
+# sub-block), and a sub-block's lower error on calibration data does not carry over to the
+# loss of the whole model, where the errors of all layers combine.
 
 # %%
 checks = Checks("book model: GPTQ vs round-to-nearest")
@@ -513,7 +713,98 @@ for name, nb in n_bytes.items():
 # model with groups of 32 really stores about 4.6 bits per weight, and groups of 128 (common
 # for large models) bring that down to about 4.2.
 #
-# ## Summary
+# ## 15.9 Why fewer bits decode faster: the roofline
+#
+# Generating one token at batch size 1 multiplies every weight matrix by one vector: each
+# weight is read from memory once and used in one multiply-add. With $N$ weights stored at
+# $w$ bits each, a token costs $F = 2N$ FLOPs and moves $B = Nw/8$ bytes (the KV cache is
+# left out: small at short contexts). Its arithmetic intensity is $F/B = 16/w$ FLOP/byte:
+# 1 in float16, 4 at 4 bits. A GPU's balance point (peak FLOP/s over bytes/s, the roofline
+# of chapter 14) is in the hundreds, about 295 on an H100 SXM (989 TFLOP/s dense 16-bit over
+# 3.35 TB/s; NVIDIA H100 datasheet, 2022), so decoding is memory-bound by two orders of
+# magnitude and its time is $B/\beta$. Weight-only quantisation reduces $B$ and nothing else
+# that matters: the dequantisation is arithmetic, which is idle anyway. SymPy takes the
+# speed-up over float16 from the byte count with $w = b + (16 + b)/g$ (a 16-bit scale and a
+# $b$-bit zero per group of $g$), and the batch $n^*$ at which the kernel stops being
+# memory-bound (a batch of $n$ tokens reuses each weight $n$ times: $F = 2Nn$):
+
+# %%
+N_w, b_s, g_s, w_s, beta, peak, n_tok = sp.symbols("N b g w beta pi n", positive=True)
+w_bits = b_s + (16 + b_s) / g_s
+t_decode = (N_w * w_bits / 8) / beta  # memory-bound time per step
+speedup = sp.simplify((N_w * 16 / 8 / beta) / t_decode)
+n_star = sp.solve(sp.Eq(2 * N_w * n_tok / (N_w * w_s / 8), peak / beta), n_tok)[0]  # w bits/weight
+display(sp.Eq(sp.Symbol("S"), speedup), sp.Eq(sp.Symbol("S_{g \\to \\infty}"), sp.limit(speedup, g_s, sp.oo)),
+        sp.Eq(sp.Symbol("n^*"), n_star))
+speedup_f = sp.lambdify((b_s, g_s), speedup)
+print(f"{'storage':18s} {'bits/weight':>11s} {'speed-up':>9s} {'memory-bound below batch (H100)':>32s}")
+for bits_, group_ in ((16, None), (8, 128), (4, 128), (4, 32), (3, 128)):
+    w_ = stored_bits_per_weight(None if bits_ == 16 else bits_, group_)
+    n_ = float(n_star.subs({peak: 989e12, beta: 3.35e12, w_s: w_}))
+    label = f"{bits_} bits" + (f", g = {group_}" if group_ else "")
+    print(f"{label:18s} {w_:11.3f} {16 / w_:9.2f} {n_:32.0f}")
+checks = Checks("roofline of weight-only quantisation")
+checks.true("SymPy: S -> 16/b as g -> oo", sp.limit(speedup, g_s, sp.oo) == 16 / b_s,
+            got=sp.limit(speedup, g_s, sp.oo))
+for bits_, group_ in ((4, 128), (3, 32)):
+    checks.close(f"stored_bits_per_weight({bits_}, {group_}): 16 / w = S", speedup_f(bits_, group_),
+                 16 / stored_bits_per_weight(bits_, group_), tol=1e-12)
+checks.close("book model, 4 bits g = 32: bytes / (N w / 8 + other params)", 1.0,
+             n_bytes["4 bits, groups of 32"] / (n_lin * stored_bits_per_weight(4, 32) / 8
+                                                  + 2 * (model.num_parameters() - n_lin)), tol=1e-4)
+llama7b = roofline(2 * 6.74e9, 6.74e9 * stored_bits_per_weight(4, 128) / 8, 989e12, 3.35e12)
+llama7b_fp16 = roofline(2 * 6.74e9, 6.74e9 * 2, 989e12, 3.35e12)
+print(f"Llama 2 7B on an H100, batch 1: float16 {6.74e9 * 2 / 1e9:.1f} GB and >= "
+      f"{llama7b_fp16['time'] * 1e3:.1f} ms per token; 4 bits, g = 128: "
+      f"{6.74e9 * stored_bits_per_weight(4, 128) / 8 / 1e9:.1f} GB and >= {llama7b['time'] * 1e3:.1f} ms")
+checks.true("7B model, 4 bits, batch 1 on an H100: memory-bound", llama7b["bound"] == "memory",
+            got=f"intensity {llama7b['intensity']:.2f} vs balance {llama7b['balance']:.0f} FLOP/B")
+checks
+
+# %% [markdown]
+# A 4-bit model with groups of 128 should decode about 3.85 times faster than float16,
+# not 4: the group scales cost 0.16 bits per weight. For Llama 2 7B (6.74 billion
+# parameters; Touvron et al., 2023, "Llama 2: Open Foundation and Fine-Tuned Chat Models")
+# that is 3.5 GB read per token instead of 13.5 GB, at least 1.0 ms per token on an H100
+# instead of 4.0 ms. The gain lasts only while the kernel is memory-bound: a batch of
+# $n$ tokens reuses every weight $n$ times, and since fewer bytes per weight raise the
+# intensity, a 4-bit kernel reaches the compute roof at about a quarter of float16's batch
+# (the last column). Serving many requests at once, the saving is memory capacity rather
+# than speed.
+#
+# What can be measured on this machine is the memory-bound half. The cell below times one
+# matrix-vector product with a $4096 \times 4096$ weight (64 MiB in float32, larger than the
+# CPU's caches) stored as float32, bfloat16 and int8 with one scale per row (PyTorch's
+# `_weight_int8pack_mm` CPU kernel, which dequantises as it reads), and reports the
+# effective bandwidth. The numbers depend on the machine and its load, so the cell's output
+# is not part of the book's checked results. The model predicts times in proportion to the
+# bytes; a CPU kernel gets there only if its arithmetic (converting every weight to float
+# before the multiply-add) keeps pace with memory, which not every dtype's kernel does on
+# every CPU. Compare the speed-up column with the bytes column on your machine.
+
+# %% tags=["nbval-ignore-output"]
+W_big = torch.randn(4096, 4096, generator=g)
+x_vec = torch.randn(1, 4096, generator=g)
+w_i8 = quantize_absmax(W_big, 8, dim=0)
+variants = {
+    "float32": (lambda: x_vec @ W_big.T, 4),
+    "bfloat16": ((lambda xb, Wb: lambda: xb @ Wb.T)(x_vec.bfloat16(), W_big.bfloat16()), 2),
+    "int8 + row scales": ((lambda xb, q8, sc: lambda: torch._weight_int8pack_mm(xb, q8, sc))(
+        x_vec.bfloat16(), w_i8.q.to(torch.int8), w_i8.scale.reshape(-1).bfloat16()), 1),
+}
+timings = {}
+for name, (fn, nbytes) in variants.items():
+    fn()  # warm up
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(10):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / 10)
+    timings[name] = best
+    print(f"{name:18s} {best * 1e3:7.2f} ms  {4096 * 4096 * nbytes / best / 1e9:6.1f} GB/s  "
+          f"speed-up over float32 {timings['float32'] / best:4.2f} (bytes: {4 / nbytes:.0f}x)")
+
 #
 # * A $b$-bit uniform quantiser rounds to steps of $\Delta$; the error is at most $\Delta/2$
 #   and, for values that fill the steps evenly, has mean square $\Delta^2/12$: each bit
@@ -526,10 +817,19 @@ for name, nb in n_bytes.items():
 #   migrating the scale into the weights (smoothing) repair them.
 # * NF4's levels are normal quantiles, matching QLoRA's table to $10^{-6}$.
 # * GPTQ rounds column by column and corrects the remaining columns with the OBS update
-#   $\delta = -\frac{w_q - \mathrm{quant}(w_q)}{[H^{-1}]_{qq}} H^{-1}_{:,q}$, computed from
-#   the Cholesky factor of $H^{-1}$; on the book's model it cuts RTN's perplexity increase at
-#   4 and 3 bits several times. AWQ's activation-aware scaling helps where activations have
-#   outliers.
+#   $\delta = -\frac{w_q - \mathrm{quant}(w_q)}{[H^{-1}]_{qq}} H^{-1}_{:,q}$ and removes the
+#   column with a rank-one downdate (a Schur complement, derived in SymPy), all read off the
+#   Cholesky factor of $H^{-1}$. It equals sequential least squares on $X$ to $10^{-10}$; on
+#   tiny layers it lands between RTN and the enumerated optimum. On the book's model it cuts
+#   RTN's perplexity increase at 4 and 3 bits several times.
+# * AWQ's activation-aware scaling helps where activations have outliers. In a model the
+#   layers that read one input share one scale, scored on the sub-block's output and folded
+#   into the norm (or v_proj) so that the float model is unchanged; the GELU MLP's output
+#   layer keeps an explicit input scale. On the book's model, which has no outliers, it
+#   does not beat RTN.
+# * Decoding at batch 1 reads every weight once per token for 2 FLOPs: an intensity of
+#   $16/w$ FLOP/byte, far below any GPU's balance point, so the time is the bytes over the
+#   bandwidth and $b$-bit weights with groups of $g$ speed it up by $16/(b + (16+b)/g)$.
 #
 # ## Exercises
 #

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmbook.inference.flash import (
+    attention_arithmetic_intensity,
     attention_hbm_accesses,
     flash_attention_backward_reference,
     flash_attention_reference,
@@ -293,6 +294,47 @@ def test_hbm_accesses_count_matches_the_tiled_loop_and_scales_as_the_theorem():
     assert 3.5 < big[0] / big[1] < 4.1  # Theta(T^2 d^2 / M): 4x the SRAM, ~1/4 the traffic
     with pytest.raises(ValueError, match=r"sram=100 .* d=32"):
         attention_hbm_accesses(10, 32, 100)
+
+
+@pytest.mark.parametrize("T,d,block_q,block_k", [(37, 8, 16, 16), (64, 16, 16, 8),
+                                                  (100, 4, 33, 7)])
+def test_io_counter_of_the_tiled_pass_equals_the_formula(T, d, block_q, block_k):
+    """Counted in the loop: reads + writes = attention_hbm_accesses' flash count, with the
+    SRAM chosen so that B_r = block_q (the count is per head, whatever the batch)."""
+    q, k, v = (_randn(2, 3, T, d, seed=i) for i in range(3))
+    io = {}
+    out = flash_attention_reference(q, k, v, block_q=block_q, block_k=block_k, io=io)
+    torch.testing.assert_close(out, flash_attention_reference(q, k, v, block_q=block_q,
+                                                              block_k=block_k))
+    assert io["read"] + io["written"] == attention_hbm_accesses(T, d, 4 * d * block_q)["flash"]
+    assert io["written"] == T * (d + 1)
+    causal = {}
+    flash_attention_reference(q, k, v, is_causal=True, block_q=block_q, block_k=block_k, io=causal)
+    assert causal["written"] == io["written"] and causal["read"] < io["read"]
+
+
+def test_io_counter_with_different_value_width():
+    q, k = _randn(1, 10, 4, seed=0), _randn(1, 12, 4, seed=1)
+    v = _randn(1, 12, 6, seed=2)
+    io = {"read": 5}  # an existing count is added to
+    flash_attention_reference(q, k, v, block_q=4, block_k=5, io=io)
+    n_qblocks = 3  # ceil(10 / 4)
+    assert io["read"] == 5 + 10 * 4 + n_qblocks * 12 * (4 + 6)
+    assert io["written"] == 10 * (6 + 1)
+
+
+def test_arithmetic_intensity_worked_example_and_limits():
+    ai = attention_arithmetic_intensity(T=1024, d=64, sram=65536)  # B_r = 256
+    assert ai["flops"] == 4 * 1024**2 * 64
+    assert ai["standard"] == pytest.approx(4 * 1024**2 * 64 / (2 * 4456448))
+    assert ai["flash"] == pytest.approx(4 * 1024**2 * 64 / (2 * 656384))
+    big = attention_arithmetic_intensity(T=2**20, d=64, sram=65536)
+    assert big["standard"] == pytest.approx(64 / 2, rel=1e-3)  # d / bytes_per_element
+    assert big["flash"] == pytest.approx(256, rel=1e-2)  # 2 B_r / bytes_per_element
+    f32 = attention_arithmetic_intensity(T=1024, d=64, sram=65536, bytes_per_element=4)
+    assert f32["standard"] == pytest.approx(ai["standard"] / 2)
+    with pytest.raises(ValueError, match="bytes_per_element"):
+        attention_arithmetic_intensity(1024, 64, 65536, bytes_per_element=0)
 
 
 def test_peak_memory_of_naive_is_quadratic_and_of_tiled_is_linear():

@@ -1,5 +1,7 @@
 """Tests for llmbook.inference.quant: uniform quantisers, int8 matmul, QuantLinear, NF4."""
 
+import math
+
 import pytest
 import sympy as sp
 import torch
@@ -19,6 +21,8 @@ from llmbook.inference.quant import (
     quantize_absmax,
     quantize_nf4,
     quantize_zeropoint,
+    roofline,
+    stored_bits_per_weight,
 )
 
 f64 = torch.float64
@@ -260,3 +264,46 @@ def test_bad_inputs():
     with pytest.raises(TypeError, match="QuantizedTensor"):
         dequantize(torch.zeros(3))
     assert isinstance(quantize_absmax(torch.ones(2), 8), QuantizedTensor)
+
+
+# ---------------------------------------------------------------- roofline
+
+
+def test_stored_bits_per_weight_worked_examples():
+    assert stored_bits_per_weight(None) == 16.0  # float16
+    assert stored_bits_per_weight(4) == 4.0  # per-row scale left out
+    assert stored_bits_per_weight(4, 128) == 4 + 20 / 128 == 4.15625
+    assert stored_bits_per_weight(3, 32) == 3 + 19 / 32
+    assert stored_bits_per_weight(8, 64, scale_bits=32) == 8 + 40 / 64
+    assert 16 / stored_bits_per_weight(4, 128) == pytest.approx(3.8496, abs=1e-4)
+    for bad in ({"bits": 0}, {"bits": 4, "group_size": 0}, {"bits": 4, "scale_bits": 0},
+                {"bits": 4.0}):
+        with pytest.raises(ValueError):
+            stored_bits_per_weight(**bad)
+
+
+def test_stored_bits_agrees_with_model_memory_bytes():
+    """The per-weight accounting of the roofline is the one of model_memory_bytes."""
+    from llmbook.inference.gptq import model_memory_bytes
+    from llmbook.transformer.model import TransformerConfig, TransformerLM
+
+    cfg = TransformerConfig.gpt2_style(vocab_size=16, d_model=32, n_layers=1, n_heads=2,
+                                       max_seq_len=8)
+    model = TransformerLM(cfg, generator=torch.Generator().manual_seed(0))
+    n_lin = sum(m.weight.numel() for n, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear) and n.startswith("blocks."))
+    other = model.num_parameters() - n_lin
+    expected = n_lin * stored_bits_per_weight(4, 16) / 8 + 2 * other
+    assert model_memory_bytes(model, 4, 16) == math.ceil(expected)
+
+
+def test_roofline_worked_example_and_regimes():
+    r = roofline(flops=2e9, bytes_moved=1e9, peak_flops=100e12, bandwidth=2e12)
+    assert r["intensity"] == 2.0 and r["balance"] == 50.0
+    assert r["time"] == pytest.approx(1e9 / 2e12) and r["bound"] == "memory"
+    c = roofline(flops=1e12, bytes_moved=1e9, peak_flops=100e12, bandwidth=2e12)
+    assert c["bound"] == "compute" and c["time"] == pytest.approx(1e12 / 100e12)
+    with pytest.raises(ValueError, match="bandwidth"):
+        roofline(1.0, 1.0, 1.0, 0.0)
+    with pytest.raises(ValueError, match="flops"):
+        roofline(True, 1.0, 1.0, 1.0)

@@ -30,7 +30,8 @@ Contents:
   P = exp(S - L) from L instead of storing it;
 * :class:`FlashAttentionReferenceFunction` and :func:`flash_attention_tiled` - the two joined
   into one ``autograd.Function``: differentiable attention that keeps no (T_q, T_k) matrix;
-* :func:`attention_hbm_accesses` - the IO counts of Dao et al.'s Theorem 2 for one head;
+* :func:`attention_hbm_accesses` - the IO counts of Dao et al.'s Theorem 2 for one head, and
+  :func:`attention_arithmetic_intensity` - FLOPs per byte of the two, for a roofline;
 * :func:`peak_memory_bytes` - the peak of tensor memory allocated while a function runs;
 * :func:`flash_attention_triton` - the Triton kernels of :mod:`llmbook.inference.flash_triton`,
   imported only when called.
@@ -51,6 +52,7 @@ from llmbook.validation import check_positive_int
 
 __all__ = [
     "FlashAttentionReferenceFunction",
+    "attention_arithmetic_intensity",
     "attention_hbm_accesses",
     "flash_attention_backward_reference",
     "flash_attention_reference",
@@ -197,7 +199,8 @@ def _causal_keep(i0: int, i1: int, j0: int, j1: int, device: torch.device) -> Te
 
 def flash_attention_reference(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
                               block_q: int = 64, block_k: int = 64, scale: float | None = None,
-                              return_lse: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                              return_lse: bool = False,
+                              io: dict[str, int] | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """Exact attention softmax(scale q k^T) v, computed tile by tile (FlashAttention's forward).
 
     q (..., T_q, d_k), k (..., T_k, d_k), v (..., T_k, d_v) with equal leading dimensions
@@ -212,6 +215,11 @@ def flash_attention_reference(q: Tensor, k: Tensor, v: Tensor, is_causal: bool =
     the (T_q, T_k) matrix. With a causal mask, key blocks entirely in a query block's future
     are skipped, and only blocks that cross the diagonal are masked. T need not be a multiple
     of the block sizes. Differentiable by autograd (through the tiles).
+
+    ``io``, if given a dict, counts the elements the loop moves between "HBM" (the full
+    tensors) and "SRAM" (the tiles), per leading index (one head): ``read`` (each Q_i once,
+    each K_j and V_j every time a query block visits it) and ``written`` (each O_i and L_i
+    once); compare :func:`attention_hbm_accesses`.
     """
     _check_attention_inputs(q, k, v)
     block_q = check_positive_int("block_q", block_q)
@@ -219,6 +227,9 @@ def flash_attention_reference(q: Tensor, k: Tensor, v: Tensor, is_causal: bool =
     T_q, T_k = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     outs, lses = [], []
+    if io is not None:
+        io.setdefault("read", 0)
+        io.setdefault("written", 0)
     for i0 in range(0, T_q, block_q):
         i1 = min(i0 + block_q, T_q)
         q_i = q[..., i0:i1, :]  # (..., Bq, d_k)
@@ -232,8 +243,13 @@ def flash_attention_reference(q: Tensor, k: Tensor, v: Tensor, is_causal: bool =
             if is_causal and j1 - 1 > i0:  # the tile crosses the diagonal
                 s = s.masked_fill(~_causal_keep(i0, i1, j0, j1, q.device), float("-inf"))
             m, ell, o = merge_softmax_states((m, ell, o), softmax_state(s, v[..., j0:j1, :]))
+            if io is not None:  # K_j and V_j loaded for this query block
+                io["read"] += (j1 - j0) * (k.shape[-1] + v.shape[-1])
         outs.append(o / ell.unsqueeze(-1))  # (..., Bq, d_v)
         lses.append(m + torch.log(ell))  # (..., Bq)
+        if io is not None:  # Q_i loaded once; O_i and L_i stored once
+            io["read"] += (i1 - i0) * q.shape[-1]
+            io["written"] += (i1 - i0) * (v.shape[-1] + 1)
     out = torch.cat(outs, dim=-2)  # (..., T_q, d_v)
     return (out, torch.cat(lses, dim=-1)) if return_lse else out
 
@@ -354,6 +370,27 @@ def attention_hbm_accesses(T: int, d: int, sram: int) -> dict[str, int]:
     return {"standard": 4 * T * d + 4 * T * T,
             "flash": 2 * T * d + T + 2 * T * d * n_blocks,
             "block_q": block_q}
+
+
+def attention_arithmetic_intensity(T: int, d: int, sram: int,
+                                   bytes_per_element: int = 2) -> dict[str, float]:
+    """FLOPs per byte of HBM traffic of one head's attention forward, standard and tiled.
+
+    Both algorithms do the two matrix products S = Q K^T and O = P V, 2 T^2 d multiply-adds
+    each: 4 T^2 d FLOPs (the softmax's O(T^2) operations are left out, as in Dao et al.,
+    2022). The bytes are :func:`attention_hbm_accesses` times ``bytes_per_element``. For
+    T >> B_r >= d the standard intensity tends to d / bytes_per_element (32 FLOP/B in 16 bits
+    for d = 64) and the tiled one to 2 B_r / bytes_per_element. A kernel is memory-bound
+    when its intensity is below the GPU's balance point (peak FLOP/s divided by bytes/s).
+    Returns ``flops``, ``standard`` and ``flash`` (FLOP/byte) and ``block_q``.
+    """
+    bytes_per_element = check_positive_int("bytes_per_element", bytes_per_element)
+    counts = attention_hbm_accesses(T, d, sram)
+    flops = 4 * T * T * d
+    return {"flops": float(flops),
+            "standard": flops / (bytes_per_element * counts["standard"]),
+            "flash": flops / (bytes_per_element * counts["flash"]),
+            "block_q": counts["block_q"]}
 
 
 class _SilencedStderr:

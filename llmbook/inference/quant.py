@@ -17,9 +17,10 @@ a mean squared error of Δ²/12.
 
 Also here: :func:`int8_matmul` (integer products accumulated in int32, as integer matrix
 units do), :func:`accumulator_overflow_length`, :class:`QuantLinear` (a linear layer with
-quantised weights and optionally int8 activations) and :func:`nf4_levels`, the 4-bit
+quantised weights and optionally int8 activations), :func:`nf4_levels`, the 4-bit
 NormalFloat code book of Dettmers et al. (2023, "QLoRA: Efficient Finetuning of Quantized
-LLMs").
+LLMs"), and the roofline of weight-only quantised decoding: :func:`stored_bits_per_weight`
+and :func:`roofline`.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ __all__ = [
     "quantize_absmax",
     "quantize_nf4",
     "quantize_zeropoint",
+    "roofline",
+    "stored_bits_per_weight",
 ]
 
 
@@ -313,3 +316,49 @@ def quantize_nf4(x: Tensor, group_size: int = 64) -> Tensor:
     levels = nf4_levels().to(x.dtype)
     idx = ((xb / amax)[..., None] - levels).abs().argmin(-1)  # (..., G, gs)
     return (levels[idx] * amax).reshape(x.shape)
+
+
+# ---------------------------------------------------------------- roofline
+
+
+def stored_bits_per_weight(bits: int | None, group_size: int | None = None,
+                           scale_bits: int = 16) -> float:
+    """Bits stored (and read) per weight: b for the code plus, per group of ``group_size``
+    weights, a ``scale_bits`` scale and a b-bit zero point: b + (scale_bits + b) / g.
+
+    ``bits=None`` is an unquantised weight of ``scale_bits`` bits (16: float16/bfloat16);
+    ``group_size=None`` leaves out the per-row scale (one per d_in weights, negligible).
+    The same accounting as :func:`llmbook.inference.gptq.model_memory_bytes`.
+    """
+    if isinstance(scale_bits, bool) or not isinstance(scale_bits, int) or scale_bits <= 0:
+        raise ValueError(f"scale_bits must be a positive int, got {scale_bits!r}")
+    if bits is None:
+        return float(scale_bits)
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 16:
+        raise ValueError(f"bits must be None or an int in 1..16, got {bits!r}")
+    if group_size is None:
+        return float(bits)
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
+        raise ValueError(f"group_size must be None or a positive int, got {group_size!r}")
+    return bits + (scale_bits + bits) / group_size
+
+
+def roofline(flops: float, bytes_moved: float, peak_flops: float,
+             bandwidth: float) -> dict[str, float | str]:
+    """The roofline bound of a kernel (Williams, Waterman & Patterson, 2009, "Roofline: An
+    Insightful Visual Performance Model for Multicore Architectures").
+
+    A kernel doing ``flops`` operations and moving ``bytes_moved`` bytes on a machine with
+    ``peak_flops`` FLOP/s and ``bandwidth`` bytes/s takes at least
+    max(flops / peak_flops, bytes_moved / bandwidth). Returns ``intensity`` (FLOP/byte),
+    ``balance`` (peak_flops / bandwidth, FLOP/byte), ``time`` (s, the bound) and ``bound``:
+    "memory" if the intensity is below the balance point, else "compute".
+    """
+    for name, v in (("flops", flops), ("bytes_moved", bytes_moved), ("peak_flops", peak_flops),
+                    ("bandwidth", bandwidth)):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+            raise ValueError(f"{name} must be a positive number, got {v!r}")
+    intensity, balance = flops / bytes_moved, peak_flops / bandwidth
+    return {"intensity": intensity, "balance": balance,
+            "time": max(flops / peak_flops, bytes_moved / bandwidth),
+            "bound": "memory" if intensity < balance else "compute"}
