@@ -22,7 +22,6 @@
 
 # %%
 import math
-import time
 
 import matplotlib.pyplot as plt
 import sympy as sp
@@ -32,7 +31,7 @@ from IPython.display import display
 from transformers import MambaConfig as HFMambaConfig
 from transformers import MambaForCausalLM, RwkvConfig, RwkvForCausalLM
 
-from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.nbtools import Checks, best_time, save_figure, seed_everything, show_source
 from llmbook.scale.linear_attention import (
     causal_linear_attention_cumsum,
     causal_linear_attention_parallel,
@@ -517,15 +516,6 @@ for T in (64, 2048):
 
 
 # %%
-def best_time(fn, repeats=3):
-    best = float("inf")
-    for _ in range(repeats):
-        began = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - began)
-    return best
-
-
 def workloads(T, d=64, E=64, N=16):
     gen = torch.Generator().manual_seed(T)
     q, k, v = (torch.randn(1, T, d, generator=gen) for _ in range(3))
@@ -544,7 +534,7 @@ timings = {}
 with torch.no_grad():
     for T in lengths:
         for name, fn in workloads(T).items():
-            timings.setdefault(name, []).append(best_time(fn, repeats=3 if T <= 512 else 1))
+            timings.setdefault(name, []).append(best_time(fn, repeats=3 if T <= 512 else 1)[0])
 for name, ts in timings.items():
     print(f"{name:28s}" + " ".join(f"{1e3 * s:8.2f}" for s in ts) + "  ms")
 
