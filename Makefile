@@ -9,7 +9,7 @@ export PYTHONHASHSEED := 0
 # the text fallback is what the book wants, and the warning would print a local path.
 export PYTHONWARNINGS := ignore:IProgress not found
 
-.PHONY: setup book lab test lint check-notebooks unit nbval nbval-native nbval-second-cpu \
+.PHONY: setup book site lab test lint check-notebooks unit nbval nbval-native nbval-second-cpu \
 	sync bench models models-check clean
 
 ## setup: create .venv (idempotent): torch==2.13.0 first, then llmbook with its dev extras
@@ -22,9 +22,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $@
 
-## book: execute every notebook (copies under build/book) and render them to HTML
+## book: execute every notebook (copies under build/executed), then render the web site in build/book
 book: setup
 	$(PY) tools/build_book.py
+
+## site: render the committed notebooks as the web site in build/book, without executing them
+site: setup
+	$(PY) tools/build_book.py --render-only
 
 ## lab: open the book in JupyterLab
 lab: setup
@@ -68,9 +72,11 @@ nbval-second-cpu: setup
 sync: setup
 	$(PY) tools/sync_notebooks.py $(NB)
 
-## models: retrain the book's shipped models and Part V's artifacts, and rewrite data/models/
+## models: retrain the book's shipped models and Part V's and VI's artifacts (data/models/), and
+## rerun chapter 11's iso-FLOP sweep (data/scaling/isoflop_sweep.json)
 models: setup
 	$(PY) -m llmbook.training.pretrained
+	$(PY) -m llmbook.training.scaling
 	$(PY) -m llmbook.alignment.shipped
 
 ## models-check: retrain both models in memory and check they reach the shipped validation loss

@@ -16,11 +16,17 @@
 #    minute on a laptop CPU, and becomes the starting point of later chapters.
 # 5. **Real text**: a BPE tokenizer (chapter 1) on the Python standard library's
 #    docstrings, a model trained for a few seconds, and what it writes.
+# 6. **Mixed precision and memory**: the 16-bit formats derived from their bit layouts,
+#    float32 master weights, loss scaling, the 16 bytes per parameter of AdamW, the
+#    activations a step saves (counted, and measured with autograd's hooks), and
+#    activation checkpointing.
 #
-# The code lives in `llmbook.training.train` (the loop), `llmbook.training.checkpoint` (saving and loading)
-# and `llmbook.training.pretrained` (the book's shipped models).
+# The code lives in `llmbook.training.train` (the loop), `llmbook.training.checkpoint` (saving and loading),
+# `llmbook.training.pretrained` (the book's shipped models) and `llmbook.training.memory`
+# (mixed precision and memory).
 
 # %%
+import functools
 import tempfile
 from pathlib import Path
 
@@ -39,6 +45,17 @@ from llmbook.training.checkpoint import (
     load_checkpoint,
     read_checkpoint,
     save_checkpoint,
+)
+from llmbook.training.memory import (
+    DynamicLossScaler,
+    MasterWeightOptimizer,
+    activation_elements_per_layer_symbolic,
+    float_format_symbolic,
+    half_ulp,
+    mixed_precision_bytes_symbolic,
+    saved_activation_bytes,
+    scaler_trajectory,
+    training_state_bytes,
 )
 from llmbook.training.pretrained import book_model, sample_text
 from llmbook.training.train import (
@@ -92,9 +109,10 @@ x, y = get_batch(tokens, batch_size=4, context_length=8, generator=torch.Generat
 print("x =", x[0].tolist(), "\ny =", y[0].tolist())
 checks = Checks("batches")
 checks.equal("shapes of x and y", [[4, 8], [4, 8]], [list(x.shape), list(y.shape)])
-checks.true("y[:, t] == x[:, t + 1]", torch.equal(x[:, 1:], y[:, :-1]))
+checks.equal("y[:, t] == x[:, t + 1]: mismatching entries", 0, int((x[:, 1:] != y[:, :-1]).sum()))
 x2, y2 = get_batch(train_ids, 4, 8, generator=torch.Generator().manual_seed(0))
-checks.true("memmap and in-memory tensor give the same batch", torch.equal(x, x2) and torch.equal(y, y2))
+checks.equal("memmap vs in-memory tensor: mismatching entries of x and y", 0,
+             int((x != x2).sum() + (y != y2).sum()))
 checks
 
 # %% [markdown]
@@ -261,15 +279,20 @@ for name, attempt in [("truncated", lambda: load_checkpoint(workdir / "truncated
         print(f"{name}: ValueError: {errors[name][:150]}")
 
 # %%
-same_params = all(torch.equal(p, q) for p, q in zip(model_a.parameters(), model_c.parameters(), strict=True))
+resume_gap = max((p - q).abs().max().item()
+                 for p, q in zip(model_a.parameters(), model_c.parameters(), strict=True))
 checks = Checks("checkpoints and exact resume")
-checks.true("resumed parameters == uninterrupted (torch.equal)", same_params)
+checks.close("resumed parameters vs uninterrupted: max |difference|", 0.0, resume_gap, tol=0)
 checks.equal("resumed training losses == uninterrupted", history_a.train_loss, history_c.train_loss)
 checks.equal("resumed validation losses == uninterrupted", history_a.val_loss, history_c.val_loss)
-checks.true("crash mid-save leaves the old checkpoint intact", intact)
-checks.true("truncated file: ValueError naming it", "truncated.pt is corrupt" in errors["truncated"])
-checks.true("pickled os.system call refused", "refuses" in errors["evil"] and "system" in errors["evil"])
-checks.true("wrong model: ValueError naming keys", "embed.weight" in errors["wrong model"])
+checks.equal("crash mid-save: bytes of the checkpoint changed", 0,
+             sum(a != b for a, b in zip(ckpt.read_bytes(), before, strict=True)))
+checks.true("truncated file: ValueError naming it", "truncated.pt is corrupt" in errors["truncated"],
+            got=errors["truncated"][:40])
+checks.true("pickled os.system call refused", "refuses" in errors["evil"] and "system" in errors["evil"],
+            got=errors["evil"][:40])
+checks.true("wrong model: ValueError naming keys", "embed.weight" in errors["wrong model"],
+            got=errors["wrong model"][:40])
 checks
 
 # %% [markdown]
@@ -450,6 +473,317 @@ for prompt in ("Return the ", "The default value is"):
 # drift from one topic to another. Chapter 11 asks how the loss falls as the model and the
 # data grow; chapter 12 compares the decoding rules on this model.
 #
+# ## 10.7 Mixed precision and the memory budget of training
+#
+# Everything above ran in float32, 4 bytes a number. Large models are trained with most
+# of the arithmetic in 16 bits, which halves the memory of activations and runs faster on
+# the matrix units built for it. This section asks what the 16-bit formats can hold,
+# what breaks when a model is trained in them and how it is repaired (Micikevicius et al.,
+# 2018, "Mixed Precision Training"), and then where the memory of a training step goes:
+# weights, gradients, optimiser state and activations. The code is in
+# `llmbook.training.memory`.
+#
+# ### Range and precision from the bit layout
+#
+# A binary float with $e$ exponent bits and $m$ stored mantissa bits holds, in its normal
+# range, $(-1)^s\, 2^{E - \text{bias}} (1 + M/2^m)$ with bias $= 2^{e-1} - 1$, exponent field
+# $E \in \{1, \dots, 2^e - 2\}$ (the all-zeros code is kept for zero and the subnormals, the
+# all-ones code for inf and NaN) and mantissa field $M \in \{0, \dots, 2^m - 1\}$. Below
+# the normals come the subnormals $2^{1-\text{bias}} M/2^m$. Substituting the extreme fields
+# gives the largest number, the smallest normal and subnormal ones and the spacing
+# $\epsilon$ just above 1; SymPy does it, and `torch.finfo` (an independent source) must
+# agree:
+
+# %%
+show_source(float_format_symbolic)
+
+# %%
+formats = {"float32": (8, 23, torch.float32), "float16": (5, 10, torch.float16),
+           "bfloat16": (8, 7, torch.bfloat16)}
+checks = Checks("float formats: derived from the bit layout vs torch.finfo")
+print(f"{'format':9s}{'e':>3s}{'m':>4s}{'max':>11s}{'min normal':>12s}{'min subnormal':>15s}"
+      f"{'eps':>10s}{'digits':>8s}")
+for name, (e_bits, m_bits, dtype) in formats.items():
+    fmt, info = float_format_symbolic(e_bits, m_bits), torch.finfo(dtype)
+    print(f"{name:9s}{e_bits:3d}{m_bits:4d}{float(fmt['max']):11.3g}{float(fmt['min_normal']):12.3g}"
+          f"{float(fmt['min_subnormal']):15.3g}{float(fmt['eps']):10.3g}{float(fmt['digits']):8.2f}")
+    checks.close(f"{name}: max", info.max, float(fmt["max"]), tol=0, rel=True)
+    checks.close(f"{name}: smallest normal", info.tiny, float(fmt["min_normal"]), tol=0, rel=True)
+    checks.close(f"{name}: eps", info.eps, float(fmt["eps"]), tol=0, rel=True)
+    checks.equal(f"{name}: smallest subnormal is representable, half of it rounds to 0",
+                 [True, True], [torch.tensor(float(fmt["min_subnormal"]), dtype=dtype).item() > 0,
+                                torch.tensor(float(fmt["min_subnormal"]) / 2, dtype=dtype).item() == 0])
+checks
+
+# %% [markdown]
+# The two 16-bit formats split their bits differently. **float16** keeps 10 mantissa bits
+# (3.3 decimal digits) but only 5 exponent bits: nothing above 65504, and below
+# $6 \times 10^{-5}$ it loses precision until $6 \times 10^{-8}$, under which everything is 0.
+# **bfloat16** keeps float32's 8 exponent bits, and with them its whole range, but only 7
+# mantissa bits: 2.4 decimal digits, $\epsilon = 2^{-7} \approx 0.008$.
+#
+# ### Why the master weights stay in float32
+#
+# An update $\Delta$ added to a weight $w$ is lost when $|\Delta|$ is below half the spacing
+# of the format at $w$ (round to nearest). In bfloat16 that threshold is $2^{-8} \approx 0.004$
+# at $w = 1$, while a typical step of AdamW moves a weight by about the learning rate,
+# $10^{-3}$ to $10^{-4}$. A thousand updates of $10^{-3}$ each, applied to $w = 1$ in each
+# format:
+
+# %%
+show_source(half_ulp)
+
+# %%
+update_results = {}
+for dtype in (torch.bfloat16, torch.float16, torch.float32):
+    w = torch.tensor(1.0, dtype=dtype)
+    for _ in range(1000):
+        w = w + torch.tensor(1e-3, dtype=dtype)
+    update_results[dtype] = w.item()
+    print(f"{str(dtype):15s} w = {w.item():.4f}   half an ulp at 1: {half_ulp(torch.tensor(1.0), dtype).item():.3g}")
+checks = Checks("small updates in 16 bits")
+checks.close("bfloat16: every update rounds away, w stays 1", 1.0, update_results[torch.bfloat16], tol=0)
+checks.close("float32: w reaches 2", 2.0, update_results[torch.float32], tol=1e-4)
+checks
+
+# %% [markdown]
+# bfloat16 never moves. float16 moves, but every sum is rounded to its grid (spacing
+# $2^{-10}$ between 1 and 2), so it ends at 1.977 rather than 2; from $w = 4$ on, where half
+# its spacing exceeds $10^{-3}$, it would stop as well. float32 arrives. Mixed precision therefore keeps a
+# float32 **master copy** of every weight: the forward and backward passes use the 16-bit
+# copy, the optimiser updates the master copy, and the 16-bit copy is re-cast from it
+# after each step. `MasterWeightOptimizer` does this around any optimiser:
+
+# %%
+show_source(MasterWeightOptimizer.step)
+
+# %% [markdown]
+# ### Loss scaling: gradients that underflow float16
+#
+# float16 has the precision but not the range. Take the gradients of the fresh small
+# model of section 10.3 on one batch, computed in float64, and ask what float16 would make
+# of them: how many become 0, how many land among the subnormals (fewer than 10
+# significant bits), how many overflow to inf. Multiplying the loss by $S$ multiplies every
+# gradient by $S$ (the chain rule is linear), so the same question for $S g$ tells what
+# **loss scaling** buys:
+
+# %%
+model_g = TransformerLM(small, generator=torch.Generator().manual_seed(1)).double()
+xg, yg = get_batch(tokens, 32, 16, generator=torch.Generator().manual_seed(0))
+torch.nn.functional.cross_entropy(model_g(xg).reshape(-1, 16), yg.reshape(-1)).backward()
+grads = torch.cat([p.grad.flatten() for p in model_g.parameters()])
+grads = grads[grads != 0]
+print(f"{grads.numel():,} non-zero gradient entries, |g| from {grads.abs().min().item():.1e} "
+      f"to {grads.abs().max().item():.3f}")
+print(f"{'loss scale S':>13s}{'-> 0':>8s}{'subnormal':>11s}{'-> inf':>8s}")
+underflow = {}
+for log_s in (0, 8, 16, 20):
+    g16 = (grads * 2.0**log_s).half()
+    zero, sub = (g16 == 0).double().mean().item(), ((g16.abs() < 2**-14) & (g16 != 0)).double().mean().item()
+    underflow[log_s] = (zero, sub, torch.isinf(g16).double().mean().item())
+    print(f"{'2^' + str(log_s):>13s}{100 * zero:7.2f}%{100 * sub:10.2f}%{100 * underflow[log_s][2]:7.2f}%")
+
+# %% [markdown]
+# At $S = 1$ almost a fifth of the gradient entries are subnormal in float16 and some are
+# flushed to 0; at $S = 2^8$ almost none are, at $2^{16}$ none, and at $2^{20}$ the largest
+# gradients overflow to inf. (The few entries that stay 0 at every scale are below
+# $10^{-13}$: round-off in quantities whose exact gradient is zero.) The right scale
+# depends on the model and changes as training goes, so it is chosen **dynamically**:
+# start high; when a step's gradients hold an inf or NaN, skip that step and halve $S$;
+# after a run of good steps, double it. The scaled gradients are divided by $S$ in float32
+# before the optimiser sees them.
+
+# %%
+show_source(DynamicLossScaler.update)
+
+# %%
+g_max = grads.abs().max().item()
+trajectory = scaler_trajectory(DynamicLossScaler(init_scale=2.0**20, growth_interval=3), [g_max] * 10)
+print("step  scale  stepped")
+for t, (scale, stepped) in enumerate(trajectory):
+    print(f"{t:4d}  2^{int(np.log2(scale)):<4d} {stepped}")
+
+# %% [markdown]
+# Driven with this model's largest gradient, the scaler starts at $2^{20}$, overflows,
+# skips the step and halves to $2^{19}$, which fits; three good steps later it tries
+# $2^{20}$ again, overflows again and backs off: it keeps $S$ within a factor 2 of the
+# largest scale that does not overflow. Chapter 22 compares it with PyTorch's
+# `torch.amp.GradScaler`, step for step. bfloat16, with float32's range, needs no loss
+# scaling, which is one reason it is widely used for training large models.
+#
+# ### Sixteen bytes per parameter
+#
+# With AdamW and mixed precision, a step holds for each parameter its 16-bit weight and
+# gradient, the float32 master weight, and AdamW's two float32 moments $m$ and $v$:
+
+# %%
+per_param = mixed_precision_bytes_symbolic()
+display(sp.Eq(sp.Symbol("bytes/parameter"),
+              sp.Add(*[sp.Symbol(k.replace(" ", r"\ ")) for k in per_param if k not in ("total", "K (optimizer states)")]),
+              evaluate=False),
+        sp.Eq(sp.Symbol("bytes/parameter"), per_param["total"]))
+
+# %% [markdown]
+# Measured on the small model: cast it to bfloat16, wrap the book's `AdamW` in
+# `MasterWeightOptimizer`, take one step, and add up the bytes of every tensor the step
+# left behind (`training_state_bytes`):
+
+# %%
+show_source(training_state_bytes)
+
+# %%
+from llmbook.training.optim import AdamW  # noqa: E402
+
+model_mp = TransformerLM(small, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+opt_mp = MasterWeightOptimizer(model_mp.parameters(), lambda ps: AdamW(ps, lr=1e-3))
+xb, yb = get_batch(tokens, 8, 16, generator=torch.Generator().manual_seed(0))
+torch.nn.functional.cross_entropy(model_mp(xb).float().reshape(-1, 16), yb.reshape(-1)).backward()
+opt_mp.step()
+state_bytes = training_state_bytes(model_mp, opt_mp.optimizer, opt_mp.masters)
+n_params, n_tensors = model_mp.num_parameters(), len(list(model_mp.parameters()))
+for k, v in state_bytes.items():
+    print(f"{k:24s}{v:10,d} bytes{v / n_params:8.3f} per parameter")
+checks = Checks(f"the state of one mixed-precision AdamW step, N = {n_params:,}")
+checks.equal("weights + gradients + master + m + v = 16 N",
+             int(per_param["total"]) * n_params, state_bytes["total"] - state_bytes["optimizer (scalars)"])
+checks.equal("AdamW's step counters: one 4-byte scalar per parameter tensor",
+             4 * n_tensors, state_bytes["optimizer (scalars)"])
+checks
+
+# %% [markdown]
+# Exactly $16N$, plus one float32 step counter per parameter tensor. For a 7B-parameter
+# model that is 112 GB before a single activation is stored: more than one accelerator
+# holds, which is what chapter 22's sharding (ZeRO) is for. Mixed precision does not
+# shrink this part (float32 training holds $4 + 4 + 4 + 4 = 16$ bytes too); it shrinks the
+# activations.
+#
+# ### Activation memory, counted and measured
+#
+# The backward pass needs tensors from the forward pass: a matrix product $Y = XW$ needs
+# $X$ to form $\partial \mathcal L/\partial W = X^\top \partial \mathcal L/\partial Y$, a
+# softmax needs its output, a GELU its input. Autograd keeps each such tensor until the
+# backward pass has used it. `torch.autograd.graph.saved_tensors_hooks` sees every one of
+# them, and `saved_activation_bytes` adds up their distinct storages (a tensor read by
+# three projections is stored once; parameters are not activations):
+
+# %%
+show_source(saved_activation_bytes)
+
+# %% [markdown]
+# Going through the book's GPT-2 block operation by operation (chapter 7; unfused
+# attention, no dropout) gives what it must save. With $b$ the batch, $s$ the sequence
+# length, $h = d_{model}$, $a$ heads and $f = d_{ff}$, in elements:
+
+# %%
+act = activation_elements_per_layer_symbolic()
+b_s, s_s, h_s, a_s, f_s = sp.symbols("b s h a f", positive=True, integer=True)
+for k, v in act.items():
+    display(sp.Eq(sp.Symbol(k.replace(" ", r"\ ")), v, evaluate=False))
+act_bytes = 4 * act["floats"] + act["mask bytes"]  # float32 activations, 1-byte booleans
+
+# %% [markdown]
+# Each term is the accounting of one operation: the book's LayerNorm is written in
+# elementary operations (chapter 6), so it saves $x - \mu$ twice (it computes it twice)
+# and $\hat x$; its tanh GELU saves four intermediate tensors of width $f$; the attention
+# weights are saved twice (by the softmax, and after masking by the product with $V$).
+# The measurement checks the accounting on blocks of several non-square shapes:
+
+# %%
+checks = Checks("saved activations of one block: formula vs saved_tensors_hooks (bytes)")
+print(f"{'b':>3s}{'s':>4s}{'h':>4s}{'a':>3s}{'f':>5s}{'formula':>10s}{'measured':>10s}{'fused attn':>12s}")
+for b_, s_, h_, a_ in ((2, 10, 24, 3), (3, 16, 32, 4), (1, 7, 40, 5), (4, 13, 16, 2)):
+    blk_model = TransformerLM(TransformerConfig.gpt2_style(vocab_size=16, d_model=h_, n_layers=1,
+                                                           n_heads=a_, max_seq_len=16), generator=g)
+    blk_model.set_fused_attention(False)
+    x_in = torch.randn(b_, s_, h_, generator=g, requires_grad=True)
+    run_block = functools.partial(blk_model.blocks[0], x_in)
+    got = saved_activation_bytes(run_block, exclude=blk_model.parameters())
+    blk_model.set_fused_attention(True)
+    fused = saved_activation_bytes(run_block, exclude=blk_model.parameters())
+    expected = int(act_bytes.subs({b_s: b_, s_s: s_, h_s: h_, a_s: a_, f_s: 4 * h_}))
+    print(f"{b_:3d}{s_:4d}{h_:4d}{a_:3d}{4 * h_:5d}{expected:10,d}{got['bytes']:10,d}{fused['bytes']:12,d}")
+    checks.equal(f"b={b_}, s={s_}, h={h_}, a={a_}", expected, got["bytes"])
+checks
+
+# %% [markdown]
+# The formula is exact. With $f = 4h$ it is $4\,bsh\,(32 + 2as/h) + 8bs$ bytes plus the
+# masks: the term in $s^2$ is the attention matrix, which PyTorch's fused attention
+# (the last column) does not store. Korthikanti et al. (2022, "Reducing Activation
+# Recomputation in Large Transformer Models", section 4.1) count $sbh\,(34 + 5as/h)$ bytes
+# for their 16-bit block with dropout; the coefficients differ from ours because the
+# implementations save different tensors (a fused LayerNorm or GELU kernel saves only its
+# input), but the shape of the law is the same: linear in $b$, in $h$ and in the depth,
+# and quadratic in $s$ unless attention is fused. For GPT-2 small ($h = 768$, $a = 12$,
+# $s = 1024$) the book's block would save $4 \cdot 1024 \cdot 768\,(32 + 32) \approx 201$ MB
+# per sequence per layer, 2.4 GB per sequence for 12 layers: activations, not weights,
+# are what fill memory at large batch.
+#
+# ### Activation checkpointing
+#
+# **Activation checkpointing** (Chen et al., 2016, "Training Deep Nets with Sublinear
+# Memory Cost") trades compute for that memory: keep only each block's input, and during
+# the backward pass run the block's forward again to regenerate what it would have saved.
+# `torch.utils.checkpoint.checkpoint(block, x)` does it for one block. On a 4-layer model
+# in float64 we measure the saved bytes, compare the gradients with the plain run and
+# count the FLOPs with `FlopCounterMode`:
+
+# %%
+from torch.utils.checkpoint import checkpoint  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+deep = TransformerLM(TransformerConfig.gpt2_style(vocab_size=16, d_model=32, n_layers=4, n_heads=4,
+                                                  max_seq_len=16), generator=g).double()
+deep.set_fused_attention(False)
+ids_c = torch.randint(0, 16, (8, 16), generator=g)
+
+
+def deep_loss(use_checkpoint):
+    x = torch.nn.functional.embedding(ids_c, deep.embed.weight) + deep.pos_embed.weight[:16]
+    for block in deep.blocks:
+        x = checkpoint(block, x, use_reentrant=False) if use_checkpoint else block(x)
+    logits = torch.nn.functional.linear(deep.final_norm(x), deep.embed.weight)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, 16), ids_c.reshape(-1))
+
+
+ckpt_results = {}
+for use_checkpoint in (False, True):
+    saved = saved_activation_bytes(functools.partial(deep_loss, use_checkpoint), exclude=deep.parameters())
+    deep.zero_grad()
+    with FlopCounterMode(display=False) as counter:
+        deep_loss(use_checkpoint).backward()
+    ckpt_results[use_checkpoint] = (saved["bytes"], counter.get_total_flops(),
+                                    [p.grad.clone() for p in deep.parameters()])
+with FlopCounterMode(display=False) as counter:
+    x_ = torch.nn.functional.embedding(ids_c, deep.embed.weight)
+    for block in deep.blocks:
+        x_ = block(x_)
+blocks_forward = counter.get_total_flops()
+for use_checkpoint, (nbytes, flops, _) in ckpt_results.items():
+    print(f"checkpointing {str(use_checkpoint):5s}: {nbytes:9,d} bytes saved, {flops:11,d} FLOPs")
+print(f"forward of the 4 blocks alone: {blocks_forward:,d} FLOPs")
+grad_err = max((a - b).abs().max().item() for a, b in zip(ckpt_results[False][2], ckpt_results[True][2],
+                                                          strict=True))
+checks = Checks("activation checkpointing, float64")
+checks.true("saved bytes fall by more than 10x", ckpt_results[True][0] * 10 < ckpt_results[False][0],
+            got=f"{ckpt_results[False][0] / ckpt_results[True][0]:.1f}x")
+checks.close("gradients equal to the plain run", 0.0, grad_err, tol=1e-12)
+checks.true("extra FLOPs between 2/3 and 1 forward of the blocks",
+            2 / 3 < (ckpt_results[True][1] - ckpt_results[False][1]) / blocks_forward <= 1,
+            got=round((ckpt_results[True][1] - ckpt_results[False][1]) / blocks_forward, 3))
+checks
+
+# %% [markdown]
+# The saved activations fall from 4.9 MB to 0.28 MB (what is left is each block's input,
+# the embedding, the final norm and the output layer), the gradients are the same, and the
+# price is a second forward pass through the blocks, so training costs about $4/3$ of its
+# FLOPs instead of $1$ (forward 1, backward 2, recomputation 1). The recomputation here is
+# 0.69 of a forward, not 1: PyTorch's default (non-reentrant) checkpoint stops recomputing
+# a block as soon as it has regenerated every tensor the backward needs, and nothing
+# needs the output of a block's last projection. Real systems checkpoint selectively:
+# Korthikanti et al. (2022) recompute only the attention's $s^2$ part ("selective
+# activation recomputation"), which is much of the memory and little of the compute.
+
+# %% [markdown]
 # ## Summary
 #
 # * A corpus is a flat `uint16` file opened with `np.memmap`; a batch is $B$ random
@@ -464,6 +798,15 @@ for prompt in ("Return the ", "The default value is"):
 # * The book's synthetic model comes within 3 % of the entropy rate on predictions with
 #   full context; the average over a window has the higher floor
 #   $H + (H(X_1\mid X_0) - H)/T$.
+# * Range and precision follow from the bit layout: float16 (5 exponent, 10 mantissa bits)
+#   is precise but overflows above 65504 and underflows below $6 \times 10^{-8}$; bfloat16
+#   (8, 7) has float32's range and 2-3 digits. Updates below half an ulp vanish, so the
+#   optimiser steps float32 master weights; float16 needs dynamic loss scaling.
+# * Mixed-precision AdamW holds $2 + 2 + 4 + 4 + 4 = 16$ bytes per parameter (measured:
+#   exactly $16N$ plus the step counters). Activations grow with batch, width, depth and
+#   (unfused attention) $s^2$: for the book's GPT-2 block $4bsh(32 + 2as/h)$ bytes plus
+#   small terms, measured exactly with `saved_tensors_hooks`. Checkpointing keeps only the
+#   block inputs, for about one extra forward pass of the blocks.
 #
 # ## Exercises
 #
@@ -493,3 +836,10 @@ for prompt in ("Return the ", "The default value is"):
 #    floor at each position (exercise 2's conditional entropies). For the book's model,
 #    show that position 0 is within 2 % of $H(X_1 \mid X_0)$, that no position beats its
 #    floor by more than sampling noise, and find the position with the largest excess.
+# 5. (★★) **Korthikanti's count.** Korthikanti et al. (2022, section 4.1) count the
+#    activation memory of a 16-bit layer with dropout (1-byte masks after the softmax,
+#    the attention output and the MLP) whose LayerNorm and GELU are fused kernels that
+#    save only their inputs, with $d_{ff} = 4h$. Write `korthikanti_activation_bytes()`
+#    returning their per-operation table in SymPy, show that it sums to
+#    $sbh\,(34 + 5as/h)$ bytes, and compare it with the book's block of section 10.7 in
+#    16 bits at GPT-2 small's shape: which terms make the difference?

@@ -1,5 +1,6 @@
 """Tests for llmbook.training.scaling: power-law fits, C = 6ND, Chinchilla's compute-optimal allocation."""
 
+import json
 import math
 
 import numpy as np
@@ -13,13 +14,16 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from llmbook.training.scaling import (
     CHINCHILLA_CONSTANTS,
+    ISOFLOP_RESULTS,
     ChinchillaConstants,
     PowerLawFit,
     chinchilla_loss,
     compute_optimal,
+    fit_isoflop_parabola,
     fit_power_law,
     get_constants,
     golden_section_minimize,
+    isoflop_sweep,
     optimal_exponents,
     tokens_per_parameter,
     training_flops,
@@ -336,3 +340,75 @@ def test_backward_is_twice_forward_flop_counter():
     assert fwd.get_total_flops() == 2 * 9 * flops_per_token(c, 9)
     assert both.get_total_flops() == 3 * fwd.get_total_flops()
     assert logits.shape == (2, 9, 11)
+
+
+# ---------------------------------------------------------------- iso-FLOP profiles
+
+
+def test_fit_isoflop_parabola_recovers_an_exact_vertex() -> None:
+    n = np.array([1e3, 3e3, 1e4, 3e4, 1e5, 3e5])  # non-square: 6 points for 3 coefficients
+    u = np.log(n)
+    loss = 0.07 * (u - math.log(2.5e4)) ** 2 + 1.9
+    n_opt, coeffs = fit_isoflop_parabola(n, loss)
+    assert n_opt == pytest.approx(2.5e4, rel=1e-10)
+    assert coeffs[0] == pytest.approx(0.07, rel=1e-10)
+    # independent reference: the vertex of the Lagrange polynomial through 3 of the points
+    a, b, c = u[1:4]
+    fa, fb, fc = loss[1:4]
+    vertex = b - 0.5 * ((b - a) ** 2 * (fb - fc) - (b - c) ** 2 * (fb - fa)) / (
+        (b - a) * (fb - fc) - (b - c) * (fb - fa))
+    assert math.log(n_opt) == pytest.approx(vertex, abs=1e-9)
+
+
+def test_fit_isoflop_parabola_near_compute_optimal_on_a_chinchilla_profile() -> None:
+    C = 1e21
+    n_star, _ = compute_optimal(C, "besiroglu2024")
+    n = n_star * np.logspace(-0.3, 0.3, 7)
+    n_opt, _ = fit_isoflop_parabola(n, chinchilla_loss(n, C / (6 * n), "besiroglu2024"))
+    assert n_opt == pytest.approx(n_star, rel=0.02)  # a parabola, not the exact profile
+
+
+def test_fit_isoflop_parabola_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="3 distinct"):
+        fit_isoflop_parabola([1e3, 1e4], [2.0, 1.9])
+    with pytest.raises(ValueError, match="shape"):
+        fit_isoflop_parabola([1e3, 1e4, 1e5], [2.0, 1.9])
+    with pytest.raises(ValueError, match="curve upwards"):
+        fit_isoflop_parabola([1e3, 1e4, 1e5], [1.0, 2.0, 1.0])
+    with pytest.raises(ValueError, match="N"):
+        fit_isoflop_parabola([-1e3, 1e4, 1e5], [2.0, 1.9, 2.0])
+    with pytest.raises(ValueError, match="points"):
+        fit_isoflop_parabola([1e3, 1e4, 1e5], [2.0, 1.9, 2.0], points=2)
+
+
+def test_fit_isoflop_parabola_points_keeps_the_bottom() -> None:
+    # a parabola near its bottom, far points that flatten out (as real profiles do)
+    n = np.array([1e2, 1e3, 3e3, 1e4, 3e4, 1e5, 1e7])
+    u = np.log(n)
+    loss = 0.05 * (u - math.log(1e4)) ** 2 + 2.0
+    loss[0], loss[-1] = 2.5, 2.6  # not on the parabola
+    n_opt, _ = fit_isoflop_parabola(n, loss, points=5)
+    assert n_opt == pytest.approx(1e4, rel=1e-9)
+    assert fit_isoflop_parabola(n, loss)[0] != pytest.approx(1e4, rel=1e-3)  # all 7: pulled away
+
+
+def test_isoflop_sweep_runs_spend_their_budget() -> None:
+    out = isoflop_sweep(budgets=(3e7,), widths=(8, 16), batch_size=4, context_length=8, max_steps=200)
+    assert [r["d_model"] for r in out["runs"]] == [8, 16]
+    for r in out["runs"]:
+        assert r["D"] == r["steps"] * 4 * 8
+        assert 6 * r["N"] * r["D"] == pytest.approx(3e7, rel=0.05)
+        assert 1.5 < r["val_loss"] < 3.0  # between the entropy rate and log 16 (+ margin)
+
+
+def test_shipped_isoflop_results_are_consistent() -> None:
+    data = json.loads(ISOFLOP_RESULTS.read_text())
+    budgets = sorted({r["C"] for r in data["runs"]})
+    assert len(budgets) >= 3
+    n_opts = []
+    for C in budgets:
+        runs = [r for r in data["runs"] if r["C"] == C]
+        for r in runs:
+            assert 6 * r["N"] * r["D"] == pytest.approx(C, rel=0.05)
+        n_opts.append(fit_isoflop_parabola([r["N"] for r in runs], [r["val_loss"] for r in runs], points=3)[0])
+    assert all(a < b for a, b in zip(n_opts, n_opts[1:], strict=False))  # N_opt grows with the budget

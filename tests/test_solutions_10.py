@@ -4,6 +4,7 @@ import copy
 import math
 
 import pytest
+import sympy as sp
 import torch
 from solution_loader import load_solutions
 
@@ -91,3 +92,26 @@ def test_book_model_per_position_losses_respect_their_floors():
     assert (loss > floors - noise).all()
     assert abs(solutions.window_floor(src, 16) - floors.mean().item()) < 1e-6
     assert int((loss - floors).argmax()) >= 1  # the excess sits where the full context is used
+
+
+def test_korthikanti_count_sums_to_the_published_total():
+    terms = solutions.korthikanti_activation_bytes()
+    s, b, h, a = sp.symbols("s b h a", positive=True, integer=True)
+    # Korthikanti et al. (2022), equation 1: s b h (34 + 5 a s / h) bytes per layer
+    assert sp.simplify(terms["total"] - s * b * h * (34 + 5 * a * s / h)) == 0
+    attention = sum(v for k, v in terms.items() if k.startswith("attention"))
+    assert sp.simplify(attention - (11 * s * b * h + 5 * a * s**2 * b)) == 0  # their 11sbh + 5as^2b
+    mlp = sum(v for k, v in terms.items() if k.startswith("MLP"))
+    assert sp.simplify(mlp - 19 * s * b * h) == 0
+
+
+def test_book_block_in_16_bit_against_korthikanti():
+    book = solutions.book_block_bytes_16bit()
+    s, b, h, a = sp.symbols("s b h a", positive=True, integer=True)
+    # the book's block: no dropout masks, unfused LayerNorm and GELU save more, attention
+    # weights saved twice; at GPT-2 small's shape, per sequence
+    shape = {s: 1024, b: 1, h: 768, a: 12}
+    ours = int(book.subs(shape))
+    theirs = int(solutions.korthikanti_activation_bytes()["total"].subs(shape))
+    assert ours == 2 * 1024 * 768 * 32 + 2 * 12 * 1024**2 * 2 + 4 * 1024 + 1024**2 + 12 * 1024
+    assert 1.0 < ours / theirs < 1.5

@@ -12,9 +12,13 @@ Chapter → module → what it defines:
   ``TrainConfig``, ``train_step``, ``evaluate``, ``train``;
   :mod:`~llmbook.training.checkpoint`: atomic saves and safe loads;
   :mod:`~llmbook.training.pretrained`: the book's shipped models (``book_model``,
-  ``RECIPES``, ``sample_text``).
+  ``RECIPES``, ``sample_text``);
+  :mod:`~llmbook.training.memory`: float formats, master weights, loss scaling, the bytes
+  of a training step and of its saved activations (``float_format_symbolic``,
+  ``MasterWeightOptimizer``, ``DynamicLossScaler``, ``training_state_bytes``,
+  ``saved_activation_bytes``).
 * 11 Scaling laws → :mod:`~llmbook.training.scaling`: ``fit_power_law``,
-  ``chinchilla_loss``, ``compute_optimal``.
+  ``chinchilla_loss``, ``compute_optimal``, ``fit_isoflop_parabola``, ``isoflop_sweep``.
 
 Imports Parts I–II and the shared helpers, never a later part.
 """

@@ -25,18 +25,30 @@ Introduced in notebooks/11_scaling_laws. Three pieces:
 
 :func:`golden_section_minimize`, a one-dimensional minimiser, fits the offset ``E`` of a
 power law and, in the notebook and the tests, checks :func:`compute_optimal` numerically.
+
+:func:`fit_isoflop_parabola` is Hoffmann et al.'s approach 2 (section 3.2): at one budget,
+fit a parabola in ``log N`` to the final losses and take its vertex as ``N_opt``.
+:func:`isoflop_sweep` trains the book's tiny iso-FLOP runs on the synthetic source;
+``python -m llmbook.training.scaling`` re-makes their results, :data:`ISOFLOP_RESULTS`
+(``data/scaling/isoflop_sweep.json``).
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 __all__ = [
     "CHINCHILLA_CONSTANTS",
+    "ISOFLOP_RESULTS",
+    "fit_isoflop_parabola",
+    "isoflop_sweep",
     "ChinchillaConstants",
     "PowerLawFit",
     "chinchilla_loss",
@@ -319,3 +331,94 @@ def tokens_per_parameter(C: float | np.ndarray,
     """``D_opt / N_opt = G^(-2) (C/6)^((alpha - beta)/(alpha + beta))`` at budget ``C``."""
     n_opt, d_opt = compute_optimal(C, constants)
     return d_opt / n_opt
+
+
+def fit_isoflop_parabola(N: object, loss: object, points: int | None = None
+                         ) -> tuple[float, np.ndarray]:
+    """Fit ``loss = c2 u^2 + c1 u + c0`` with ``u = log N`` (least squares) and return the
+    vertex ``N_opt = exp(-c1 / (2 c2))`` and ``(c2, c1, c0)``.
+
+    One iso-FLOP profile (Hoffmann et al., 2022, section 3.2, approach 2): the final losses
+    of several model sizes trained with the same compute. A profile is a parabola only near
+    its bottom; ``points`` = k fits only the k sizes nearest (in ``log N``) to the size with
+    the lowest loss, that one included (default: all). Needs at least 3 distinct sizes and a
+    parabola that opens upwards (``c2 > 0``), else ``ValueError``.
+    """
+    n = _as_1d_positive("N", N)
+    y = np.asarray(loss, dtype=float)
+    if y.shape != n.shape:
+        raise ValueError(f"loss must have the shape of N {n.shape}, got {y.shape}")
+    if not np.all(np.isfinite(y)):
+        raise ValueError("loss must be finite")
+    if points is not None:
+        if isinstance(points, bool) or not isinstance(points, int) or not 3 <= points <= n.size:
+            raise ValueError(f"points must be an int from 3 to the number of sizes ({n.size}), got {points!r}")
+        u_best = math.log(n[int(np.argmin(y))])
+        keep = np.argsort(np.abs(np.log(n) - u_best), kind="stable")[:points]
+        n, y = n[keep], y[keep]
+    if np.unique(n).size < 3:
+        raise ValueError(f"need at least 3 distinct sizes N to fit a parabola, got {np.unique(n).size}")
+    coeffs = np.polyfit(np.log(n), y, 2)
+    if coeffs[0] <= 0:
+        raise ValueError(f"the profile does not curve upwards (c2 = {coeffs[0]:.3g}): no minimum")
+    return float(math.exp(-coeffs[1] / (2 * coeffs[0]))), coeffs
+
+
+ISOFLOP_RESULTS = Path(__file__).resolve().parents[2] / "data" / "scaling" / "isoflop_sweep.json"
+
+
+def isoflop_sweep(budgets: Sequence[float] = (1e10, 3e10, 1e11),
+                  widths: Sequence[int] = (12, 16, 24, 32, 48, 64),
+                  batch_size: int = 64, context_length: int = 32, max_steps: int = 2500,
+                  seed: int = 0) -> dict[str, Any]:
+    """Train the iso-FLOP runs of chapter 11 on the synthetic source and return their results.
+
+    For each budget C (FLOPs) and each width d, a one-layer Llama-style model (heads of width
+    8, or one head below d = 16) with N non-embedding parameters trains for
+    ``round(C / (6 N B T))`` steps (so ``6 N D = C``; Kaplan's count, non-embedding N) with a
+    warmup + cosine schedule as long as the run, at the sweep settings of section 11.3,
+    and is scored on held-out windows from position 2 (nats/token). Runs that would take more
+    than ``max_steps`` or fewer than 10 steps are skipped. One thread, seeded: the same
+    numbers on one machine, close (not bit-equal) on another.
+    """
+    import torch
+
+    from llmbook.nbtools import seed_everything
+    from llmbook.text.data import default_source
+    from llmbook.training.train import TrainConfig, evaluate, train
+    from llmbook.transformer.model import TransformerConfig, TransformerLM
+    from llmbook.transformer.sizing import parameter_shares
+
+    torch.set_num_threads(1)
+    source = default_source()
+    train_tokens, val_tokens = source.train_val(num_train=400_000, num_val=50_000, seed=seed)
+    runs = []
+    for C in budgets:
+        for d in widths:
+            config = TransformerConfig.llama_style(vocab_size=16, d_model=d, n_layers=1,
+                                                   n_heads=max(1, d // 8), max_seq_len=context_length)
+            shares = parameter_shares(config)
+            n_nonemb = shares["total"] - shares["embeddings"]
+            steps = round(C / (6 * n_nonemb * batch_size * context_length))
+            if not 10 <= steps <= max_steps:
+                continue
+            seed_everything(seed)
+            model = TransformerLM(config, generator=torch.Generator().manual_seed(seed))
+            cfg = TrainConfig(steps=steps, batch_size=batch_size, context_length=context_length,
+                              lr=1e-2, min_lr=1e-3, warmup_steps=max(1, steps // 10),
+                              weight_decay=0.0, eval_every=None, seed=seed)
+            train(model, train_tokens, None, cfg)
+            val = evaluate(model, val_tokens, batch_size=64, context_length=context_length,
+                           num_batches=24, first_position=2)
+            runs.append({"C": C, "d_model": d, "N": n_nonemb, "steps": steps,
+                         "D": steps * batch_size * context_length, "val_loss": round(val, 4)})
+    return {"entropy_rate": source.entropy_rate(), "batch_size": batch_size,
+            "context_length": context_length, "runs": runs,
+            "made_by": "python -m llmbook.training.scaling"}
+
+
+if __name__ == "__main__":  # re-make data/scaling/isoflop_sweep.json
+    result = isoflop_sweep()
+    ISOFLOP_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    ISOFLOP_RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {len(result['runs'])} runs to {ISOFLOP_RESULTS}")

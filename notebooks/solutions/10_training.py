@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sympy as sp
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from llmbook.text.data import MarkovSource
 from llmbook.text.functional import cross_entropy
+from llmbook.training.memory import activation_elements_per_layer_symbolic
 from llmbook.training.optim import clip_grad_norm_, set_lr
 from llmbook.training.train import get_batch
 
@@ -109,3 +111,40 @@ def per_position_loss(model: nn.Module, tokens: Tensor, context_length: int,
     nll = cross_entropy(model(x), y, reduction="none")  # (num_windows, T)
     model.train(was_training)
     return nll.mean(0)  # (T,)
+
+
+# ---------------------------------------------------------------- exercise 5
+
+
+def korthikanti_activation_bytes() -> dict[str, sp.Expr]:
+    """Exercise 5: the activation bytes of one 16-bit transformer layer with dropout, per
+    operation, as counted by Korthikanti et al. (2022), section 4.1.
+
+    s sequence, b batch, h hidden size, a heads; activations 2 bytes, dropout masks 1 byte;
+    LayerNorm and GELU are fused kernels that save only their input; d_ff = 4h.
+    """
+    s, b, h, a = sp.symbols("s b h a", positive=True, integer=True)
+    act, mask = 2, 1  # bytes per element
+    terms = {
+        "attention: QKV input": act * s * b * h,
+        "attention: Q and K for Q K^T": 2 * act * s * b * h,
+        "attention: softmax output": act * a * s**2 * b,
+        "attention: softmax dropout mask": mask * a * s**2 * b,
+        "attention: dropped-out weights and V for A V": act * a * s**2 * b + act * s * b * h,
+        "attention: output projection input": act * s * b * h,
+        "attention: output dropout mask": mask * s * b * h,
+        "MLP: first linear input": act * s * b * h,
+        "MLP: GELU input (4h wide)": act * s * b * 4 * h,
+        "MLP: second linear input (4h wide)": act * s * b * 4 * h,
+        "MLP: dropout mask": mask * s * b * h,
+        "two LayerNorms: their inputs": 2 * act * s * b * h,
+    }
+    terms["total"] = sp.expand(sum(terms.values()))
+    return terms
+
+
+def book_block_bytes_16bit() -> sp.Expr:
+    """Exercise 5: the book's GPT-2 block (chapter 10's count) with 2-byte activations."""
+    count = activation_elements_per_layer_symbolic()
+    b, s, h, f = sp.symbols("b s h f", positive=True, integer=True)
+    return sp.expand((2 * count["floats"] + count["mask bytes"]).subs(f, 4 * h))
