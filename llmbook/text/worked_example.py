@@ -173,8 +173,8 @@ class PublishedComparison:
     (a number, a nested list or a tensor of the same shape as ``published``). When
     ``decimals`` is None it is taken from the shipped file if ``name`` is one of its
     published keys (so "0.200" counts as three decimals), else from the printed floats.
-    The table (its ``repr``) lists each quantity with its verdict counts and every entry
-    that does not agree.
+    The table (its ``repr``) lists every entry: published, exact and verdict, with the
+    distance in units of the last printed place where they do not agree.
     """
 
     def __init__(self, title: str) -> None:
@@ -224,24 +224,20 @@ class PublishedComparison:
         return out
 
     def table(self) -> str:
+        """Every graded entry: quantity, index, published, exact (two more decimals), verdict."""
         lines = [f"{self.title}: " + ", ".join(f"{n} {v}" for v, n in self.counts().items() if n)]
         width = max([len(n) for n in self.verdicts] + [8])
-        lines.append(f"{'quantity':{width}s}  entries  verdict")
+        lines.append(f"{'quantity':{width}s}  {'entry':8s}  {'published':>10s}  {'exact':>12s}  verdict")
         for name, rows in self.verdicts.items():
-            bad = [r for r in rows if r[3] != "agrees"]
-            summary = "all agree" if not bad else ", ".join(
-                f"{sum(r[3] == v for r in rows)} {v}" for v in VERDICTS if any(r[3] == v for r in rows))
-            lines.append(f"{name:{width}s}  {len(rows):7d}  {summary}")
+            label = name
             for k, (idx, p, e, v) in enumerate(rows):
-                if v == "agrees":
-                    continue
-                if isinstance(p, list):
-                    lines.append(f"{'':{width}s}           published {p}, exact {e}: {v}")
+                if isinstance(p, list):  # tokens
+                    lines.append(f"{label:{width}s}  published {p}, exact {e}: {v}")
                     continue
                 d = self._decs[name][k]
-                ulp = abs(p - e) / 10.0 ** -d
-                lines.append(f"{'':{width}s}    {idx:8s} published {p:.{d}f}, exact {e:.{d + 2}f}"
-                             f" ({ulp:.1f} units of the last place): {v}")
+                note = "" if v == "agrees" else f" ({abs(p - e) / 10.0 ** -d:.1f} units of the last place)"
+                lines.append(f"{label:{width}s}  {idx:8s}  {p:10.{d}f}  {e:12.{d + 2}f}  {v}{note}")
+                label = ""
         return "\n".join(lines)
 
     def __repr__(self) -> str:
