@@ -15,6 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from seeded import gen
 
 from llmbook.alignment.dpo import (
     DPO_RECIPE,
@@ -41,10 +42,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 D = torch.float64
 N, P, R, V = 4, 3, 5, 13
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def tiny_model(seed: int = 0) -> TransformerLM:

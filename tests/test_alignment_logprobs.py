@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from seeded import gen
 
 from llmbook.alignment.logprobs import (
     masked_mean,
@@ -30,10 +31,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 D = torch.float64
 B, T, V = 3, 5, 11  # all different, so a transposed axis cannot hide
 P, R = 4, 6  # prompt and response lengths
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def logits_and_targets(seed=0, shape=(B, T), vocab=V):

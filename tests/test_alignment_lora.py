@@ -8,6 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from peft import LoraConfig, get_peft_model
+from seeded import gen
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
@@ -33,10 +34,6 @@ pytestmark = [
     # peft 0.21 calls a transformers method that transformers 5 has deprecated
     pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
 ]
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def tiny_llama() -> TransformerLM:

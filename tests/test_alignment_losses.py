@@ -31,6 +31,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from seeded import gen
 
 from llmbook.alignment.losses import (
     GRPOLossOutput,
@@ -50,10 +51,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 D = torch.float64
 B, T = 3, 5  # batch and response length, different so a transposed axis cannot hide
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def randn(*shape, seed=0, scale=1.0):

@@ -13,6 +13,7 @@ import sympy as sp
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from seeded import gen
 
 from llmbook.alignment.losses import gae, ppo_policy_loss
 from llmbook.alignment.policy_gradient import (
@@ -28,10 +29,6 @@ from llmbook.alignment.policy_gradient import (
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 D = torch.float64
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 # ---------------------------------------------------------------- policy gradient

@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from seeded import gen
 
 from llmbook.alignment.logprobs import response_logprobs, token_logprobs
 from llmbook.alignment.lora import LoRALinear
@@ -37,10 +38,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 V, P, R, NB = 40, 5, 6, 8  # vocabulary, prompt and response lengths, batch: all different
 KW = torch.tensor([3, 7, 11])
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def reward_fn(_prompts, responses):

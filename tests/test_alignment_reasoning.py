@@ -14,6 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from seeded import gen
 from torch import nn
 
 from llmbook.alignment import reasoning as R
@@ -33,10 +34,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 D = torch.float64
 operand = st.integers(0, R.MAX_OPERAND)
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 class Oracle(nn.Module):

@@ -17,6 +17,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from seeded import gen
 
 from llmbook.alignment.losses import bradley_terry_loss
 from llmbook.alignment.preferences import PreferenceData, label_preferences
@@ -41,10 +42,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 D = torch.float64
 V, P, R = 11, 3, 5  # vocabulary, prompt and response lengths: nothing square
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def backbone(seed: int = 0, n_layers: int = 2, dtype=D) -> TransformerLM:

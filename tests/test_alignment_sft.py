@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from seeded import gen
 
 from llmbook.alignment.logprobs import token_logprobs
 from llmbook.alignment.sft import (
@@ -37,10 +38,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 D = torch.float64
 V = 37  # vocabulary; d_model 24, 3 heads: nothing square
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def gpt2_model(seed: int = 0) -> TransformerLM:

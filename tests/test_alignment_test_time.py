@@ -13,6 +13,7 @@ import sympy as sp
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from seeded import gen
 
 from llmbook.alignment.test_time import (
     expected_max_gaussian,
@@ -30,10 +31,6 @@ from llmbook.alignment.test_time import (
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 p = sp.Symbol("p", positive=True)
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 # ---------------------------------------------------------------- voting

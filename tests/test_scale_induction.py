@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from seeded import gen
 
 from llmbook.scale.induction import (
     INDUCTION_RECIPES,
@@ -22,10 +23,6 @@ from llmbook.transformer.attention import MultiHeadAttention, causal_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 D = torch.float64
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def small_model(positions="rope", layers=2, seed=0) -> AttentionOnlyTransformer:

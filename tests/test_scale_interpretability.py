@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from seeded import gen
 
 from llmbook.scale.induction import (
     AttentionOnlyTransformer,
@@ -25,10 +26,6 @@ from llmbook.scale.interpretability import (
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 D = torch.float64
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def test_icl_score_worked_example_and_bad_input():

@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from seeded import randn
 
 from llmbook.scale.linear_attention import (
     causal_linear_attention_cumsum,
@@ -20,10 +21,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 D = torch.float64
 FORMS = [causal_linear_attention_parallel, causal_linear_attention_recurrent,
          causal_linear_attention_cumsum]
-
-
-def randn(*shape, seed=0):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=D)
 
 
 def identity(x):

@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from seeded import gen
 
 from llmbook.scale.moe import (
     MoELayer,
@@ -31,10 +32,6 @@ from llmbook.transformer.layers import SwiGLU
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 f64 = torch.float64
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 # ---------------------------------------------------------------- route

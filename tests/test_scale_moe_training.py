@@ -3,6 +3,7 @@ training loop and the shipped MoE-against-dense comparison."""
 
 import pytest
 import torch
+from seeded import gen
 
 from llmbook.scale.moe import MoELayer, load_balancing_loss, router_z_loss
 from llmbook.scale.moe_training import (
@@ -24,10 +25,6 @@ def config(**kw) -> TransformerConfig:
     base = dict(vocab_size=50, d_model=24, n_layers=2, n_heads=3, max_seq_len=16, d_ff=40, tie_embeddings=True)
     base.update(kw)
     return TransformerConfig.llama_style(**base)
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def test_moe_lm_replaces_every_mlp_and_counts_parameters():

@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from seeded import randn
 
 from llmbook.scale.rwkv import (
     RWKVLM,
@@ -23,10 +24,6 @@ from llmbook.scale.rwkv import (
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 D = torch.float64
-
-
-def randn(*shape, seed=0):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=D)
 
 
 def test_token_shift():

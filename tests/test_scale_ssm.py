@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from seeded import randn
 
 from llmbook.scale.ssm import (
     CausalDepthwiseConv1d,
@@ -28,10 +29,6 @@ from llmbook.scale.ssm import (
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 D = torch.float64
-
-
-def randn(*shape, seed=0):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=D)
 
 
 def rand(*shape, seed=0):

@@ -9,6 +9,7 @@ import sympy as sp
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from seeded import gen
 from torch import nn
 
 from llmbook.scale import tensor_parallel as tp
@@ -19,10 +20,6 @@ from llmbook.transformer.layers import MLP
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 f64 = torch.float64
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def test_ring_allreduce_bytes_worked_example() -> None:

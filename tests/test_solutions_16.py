@@ -3,6 +3,7 @@
 import pytest
 import sympy as sp
 import torch
+from seeded import gen
 from solution_loader import load_solutions
 
 solutions = load_solutions("16_lora")
@@ -10,10 +11,6 @@ solutions = load_solutions("16_lora")
 f64 = torch.float64
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def test_exercise_1_breakeven_ranks():

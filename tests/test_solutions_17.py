@@ -5,6 +5,7 @@ import math
 import pytest
 import sympy as sp
 import torch
+from seeded import gen
 from solution_loader import load_solutions
 
 from llmbook.alignment.preferences import label_preferences
@@ -15,10 +16,6 @@ solutions = load_solutions("17_sft_reward_models")
 f64 = torch.float64
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def test_exercise_1_per_sequence_normalisation():

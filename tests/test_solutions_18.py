@@ -5,6 +5,7 @@ import math
 import pytest
 import sympy as sp
 import torch
+from seeded import gen
 from solution_loader import load_solutions
 
 from llmbook.alignment.losses import gae
@@ -18,10 +19,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 THETA = torch.tensor([0.5, -0.3, 1.2, 0.0, -1.0], dtype=f64)  # the policy of section 18.2
 F = torch.tensor([3.0, 1.0, 4.0, 1.5, 2.0], dtype=f64)
-
-
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def test_exercise_1_optimal_baseline():

@@ -3,6 +3,7 @@
 import pytest
 import sympy as sp
 import torch
+from seeded import randn
 from solution_loader import load_solutions
 
 from llmbook.scale.linear_attention import causal_linear_attention_parallel
@@ -13,10 +14,6 @@ solutions = load_solutions("23_beyond_attention")
 f64 = torch.float64
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def randn(*shape, seed=0):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=f64)
 
 
 def test_exercise_1_decayed_linear_attention():

@@ -30,6 +30,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from llmbook.transformer.attention import _check_qkv as check_attention_inputs
+
 __all__ = [
     "causal_linear_attention_cumsum",
     "causal_linear_attention_parallel",
@@ -55,19 +57,12 @@ def elu_feature_map(x: Tensor) -> Tensor:
 
 
 def _check_qkv(q: object, k: object, v: object) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-        if t.ndim < 2:
-            raise ValueError(f"{name} must have shape (..., T, d), got {tuple(t.shape)}")
+    """Softmax attention's input checks (chapter 4), and one more: here q and k pair up
+    position by position, so they must have the same shape."""
+    check_attention_inputs(q, k, v)
     if q.shape != k.shape:
         raise ValueError(f"q and k must have the same shape (..., T, d_k), got q {tuple(q.shape)} "
                          f"and k {tuple(k.shape)}")
-    if v.shape[:-1] != k.shape[:-1]:
-        raise ValueError(f"v must have shape (..., T, d_v) with the leading dimensions and T of k, "
-                         f"got k {tuple(k.shape)} and v {tuple(v.shape)}")
 
 
 def _features(q: Tensor, k: Tensor, feature_map: FeatureMap) -> tuple[Tensor, Tensor]:
