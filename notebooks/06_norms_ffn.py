@@ -45,6 +45,7 @@ from llmbook.transformer.layers import (
     swiglu_hidden_size,
     swiglu_parameter_count,
 )
+from llmbook.transformer.worked_example import ffn_step
 
 g = seed_everything(0)
 torch.set_num_threads(1)  # every tensor here is tiny: one thread is faster than several
@@ -732,25 +733,19 @@ print(f"SwiGLU / MLP - 1 = {excess} = {float(excess):.2%}")
 # b_1) + b_2$ with $d_{ff} = 3$; then the residual $y = x_2 + \mathrm{FFN}(x_2)$ and a
 # LayerNorm *after* the sum (the post-LN order of section 6.3) with $\gamma = 1$, $\beta = 0$
 # and $\varepsilon = 0$. The package's `MLP` with `activation="relu"` and `LayerNorm` with
-# `eps=0.0` compute exactly this, in float64:
+# `eps=0.0` compute exactly this, in float64; `ffn_step` builds them with the source's weights
+# once, for this chapter and for chapters 7 and 12, which continue from its output:
+
+# %%
+show_source(ffn_step)
 
 # %%
 ex = load_the_cat_sat()
 W = ex.inputs
 print("source's note:", W["ffn_note"])
-x2 = W["E"][ex.input_ids[2]]  # (4,): the embedding of "sat"
-ffn = MLP(4, 3, activation="relu", dtype=torch.float64)  # fc.weight = W1 (3, 4), proj.weight = W2 (4, 3)
-norm0 = LayerNorm(4, eps=0.0, dtype=torch.float64)  # gamma = 1, beta = 0 at initialisation
-with torch.no_grad():
-    for lin, w_name, b_name in ((ffn.fc, "W1", "b1"), (ffn.proj, "W2", "b2")):
-        lin.weight.copy_(W[w_name])
-        lin.bias.copy_(W[b_name])
-    pre_act = ffn.fc(x2)  # (3,)
-    ffn_out = ffn(x2)  # (4,)
-    resid = x2 + ffn_out  # (4,)
-    ln_mean = resid.mean()
-    ln_var = (resid - ln_mean).pow(2).mean()  # population variance, as LayerNorm uses
-    h_last = norm0(resid)  # (4,)
+step = ffn_step(ex)
+x2, pre_act, ffn_out, resid = step["x"], step["pre_activation"], step["ffn_out"], step["residual"]
+ln_mean, ln_var, h_last = step["mean"], step["variance"], step["h_last"]
 for name, v in [("W1 x + b1", pre_act), ("ReLU", pre_act.relu()), ("FFN(x_2)", ffn_out),
                 ("residual", resid), ("LayerNorm", h_last)]:
     print(f"{name:10s}", np.round(v.numpy(), 6))

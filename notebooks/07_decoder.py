@@ -45,7 +45,6 @@ from llmbook.text.functional import cross_entropy
 from llmbook.text.tokenizer import BPETokenizer, read_gpt2_files
 from llmbook.text.worked_example import PublishedComparison, load_the_cat_sat
 from llmbook.transformer.hf_loading import config_from_hf, from_hf, randomize_parameters_
-from llmbook.transformer.layers import MLP, LayerNorm
 from llmbook.transformer.model import (
     DecoderBlock,
     TransformerConfig,
@@ -66,6 +65,7 @@ from llmbook.transformer.sizing import (
     parameter_terms_symbolic,
     symbol_values,
 )
+from llmbook.transformer.worked_example import ffn_step
 
 g = seed_everything(0)
 torch.set_num_threads(1)  # the models here are small: one thread is steadier
@@ -853,15 +853,8 @@ for name, (nats_, ppl, bpb, bpt) in rows.items():
 ex = load_the_cat_sat()
 inp = ex.inputs
 print(inp["ffn_note"])
-ffn = MLP(4, 3, activation="relu", bias=True).double()
-norm_we = LayerNorm(4, eps=0.0).double()
+h_last = ffn_step(ex)["h_last"]  # (4,): chapter 6's FFN, residual and LayerNorm of "sat"
 with torch.no_grad():
-    ffn.fc.weight.copy_(inp["W1"])
-    ffn.fc.bias.copy_(inp["b1"])
-    ffn.proj.weight.copy_(inp["W2"])
-    ffn.proj.bias.copy_(inp["b2"])
-    x_sat = inp["E"][ex.input_ids[-1]]  # (4,): the embedding of "sat"
-    h_last = norm_we(x_sat + ffn(x_sat))  # (4,): chapter 6's residual and LayerNorm
     z_exact = F.linear(h_last, inp["W_out"])  # (5,): z = W_out h_last
     z_from_rounded = F.linear(ex.published_tensor("h_last_used_downstream"), inp["W_out"])
     target = torch.tensor([ex.vocabulary.index(inp["target_for_cross_entropy"])])  # "on"

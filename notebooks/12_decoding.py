@@ -67,7 +67,7 @@ from llmbook.text.data import default_source
 from llmbook.text.ngram import NGramModel
 from llmbook.text.worked_example import PublishedComparison, load_the_cat_sat
 from llmbook.training.pretrained import book_model
-from llmbook.transformer.layers import MLP, LayerNorm
+from llmbook.transformer.worked_example import ffn_step
 
 g = seed_everything(0)
 torch.set_num_threads(1)  # tiny tensors: one thread is as fast and steadier
@@ -264,15 +264,7 @@ checks
 # %%
 ex = load_the_cat_sat()
 inp = ex.inputs
-ffn = MLP(4, 3, activation="relu", dtype=torch.float64)  # W1: 4 -> 3, W2: 3 -> 4
-norm = LayerNorm(4, eps=0.0, dtype=torch.float64)  # population variance, gamma 1, beta 0
-with torch.no_grad():
-    ffn.fc.weight.copy_(inp["W1"])
-    ffn.fc.bias.copy_(inp["b1"])
-    ffn.proj.weight.copy_(inp["W2"])
-    ffn.proj.bias.copy_(inp["b2"])
-    x_sat = inp["E"][ex.input_ids[-1]]  # (4,): the FFN is applied to E[2] alone
-    z_exact = inp["W_out"] @ norm(x_sat + ffn(x_sat))  # (5,) exact logits
+z_exact = ffn_step(ex)["logits"]  # (5,) exact logits: chapter 6's step, then W_out
 z_printed = ex.published_tensor("logits")  # (5,) the source's logits, 3 decimals
 print("exact logits:  ", [round(v, 5) for v in z_exact.tolist()])
 print("printed logits:", z_printed.tolist())

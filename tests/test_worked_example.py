@@ -13,7 +13,8 @@ from llmbook.inference.sampling import apply_temperature, top_k_filter, top_p_fi
 from llmbook.text.functional import cross_entropy, softmax
 from llmbook.text.worked_example import PublishedComparison, grade, load_the_cat_sat
 from llmbook.transformer.attention import attention_weights, scaled_dot_product_attention
-from llmbook.transformer.layers import MLP, LayerNorm
+from llmbook.transformer.layers import LayerNorm
+from llmbook.transformer.worked_example import ffn_step
 
 mpmath.mp.dps = 40
 EX = load_the_cat_sat()
@@ -26,19 +27,18 @@ def book_values() -> dict[str, torch.Tensor]:
     q, k, v = x @ inp["W_Q"], x @ inp["W_K"], x @ inp["W_V"]  # (3, 2) each
     out = {"Q": q, "K": k, "V": v, "S": q @ k.T, "S_scaled": q @ k.T / math.sqrt(2),
            "A": attention_weights(q, k), "Z": scaled_dot_product_attention(q, k, v)}
-    mlp = MLP(4, 3, activation="relu", dtype=torch.float64)
-    with torch.no_grad():
-        mlp.fc.weight.copy_(inp["W1"]), mlp.fc.bias.copy_(inp["b1"])
-        mlp.proj.weight.copy_(inp["W2"]), mlp.proj.bias.copy_(inp["b2"])
+    step = ffn_step(EX)  # chapter 6's MLP (ReLU) and LayerNorm (eps 0) on the embedding of "sat"
     x2 = inp["E"][2]
-    out["ffn_pre_activation"] = mlp.fc(x2).detach()
-    out["ffn_out"] = mlp(x2).detach()
-    out["residual"] = out["ffn_out"] + x2
+    assert torch.equal(step["x"], x2)
+    out["ffn_pre_activation"], out["ffn_out"] = step["pre_activation"], step["ffn_out"]
+    out["residual"], out["layernorm_out"] = step["residual"], step["h_last"]
+    assert torch.equal(step["residual"], out["ffn_out"] + x2)
     out["layernorm_mean"] = out["residual"].mean()
     out["layernorm_variance"] = out["residual"].var(correction=0)
     ln = LayerNorm(4, eps=1e-300, dtype=torch.float64)  # eps 1e-300 is 0 next to 0.23 in float64
-    out["layernorm_out"] = ln(out["residual"]).detach()
-    out["logits"] = inp["W_out"] @ out["layernorm_out"]
+    assert torch.allclose(ln(out["residual"]), step["h_last"], rtol=0, atol=1e-15)
+    out["logits"] = step["logits"]
+    assert torch.allclose(out["logits"], inp["W_out"] @ ln(out["residual"]), rtol=0, atol=1e-15)
     for t in (0.5, 1.0, 2.0):
         out[f"T{t}"] = softmax(apply_temperature(out["logits"], t))
     target = torch.tensor(EX.vocabulary.index(inp["target_for_cross_entropy"]))
@@ -140,6 +140,11 @@ def test_grade_property_rounding_always_agrees(x, d):
     printed = float(f"{x:.{d}f}")
     assert grade(printed, x, d) in ("agrees", "truncated")  # Python's rounding is half-even
     assert grade(printed + 3 * 10.0 ** -d, x, d) == "error"
+
+
+def test_ffn_step_rejects_what_is_not_the_example():
+    with pytest.raises(TypeError, match="WorkedExample"):
+        ffn_step({"E": torch.zeros(5, 4)})
 
 
 def test_comparison_rejects_bad_input():

@@ -18,6 +18,8 @@ Chapter → module → what it defines:
   Face weights into the book's model); :mod:`~llmbook.transformer.sizing`: closed-form
   ``count_parameters`` and ``flops_per_token``, numeric and symbolic, built term by term
   from the layers' shapes (``parameter_terms_symbolic``, ``flops_terms_symbolic``).
+* 6, 7 (and 12) The published worked example → :mod:`~llmbook.transformer.worked_example`:
+  ``ffn_step``, the source's feed-forward step with the book's layers.
 
 Imports Part I (:mod:`llmbook.text`) and the shared helpers, never a later part.
 """
