@@ -225,7 +225,7 @@ def test_mla_rope_absorbed_equals_naive(B, T, H, d_h, d_c, half_r, seed) -> None
 
 def test_mla_rope_cache_steps_equal_full_and_cache_size() -> None:
     m = _mla_rope(2)
-    x = torch.randn(2, 9, 24, dtype=torch.float64)
+    x = torch.randn(2, 9, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     full = m(x)
     for absorbed in (False, True):
         out, cache = latent_decode(m, x, prefill=3, absorbed=absorbed)
@@ -234,7 +234,9 @@ def test_mla_rope_cache_steps_equal_full_and_cache_size() -> None:
     assert cache.num_bytes() == 2 * 9 * (5 + 4) * 8  # B T_max (d_c + d_R) float64
     # the cached rows are [c ; k_R], the shared MQA key
     _, k, v = m.mqa_form(x)
-    assert torch.equal(cache.latents[0], k[:, 0])
+    # equal up to round-off: the cache was filled step by step, mqa_form in one pass, and
+    # another CPU's kernels may add the products in another order
+    assert torch.allclose(cache.latents[0], k[:, 0], atol=1e-14, rtol=0)
     assert torch.equal(v[:, 0], k[:, 0, :, :5])
 
 

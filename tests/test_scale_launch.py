@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import time
 
 import pytest
@@ -113,3 +114,13 @@ def test_rank_output_is_captured_and_echoed_in_rank_order(capsys: pytest.Capture
     positions = [out.index(f"[rank {r}]\nhello from rank {r}") for r in range(3)]
     assert positions == sorted(positions)
     assert "warning from rank 2" in out
+
+
+def test_the_first_failure_is_reported_whichever_report_arrives_first() -> None:
+    """A peer's 'connection closed' can reach the parent before the rank that caused it."""
+    q: queue.Queue = queue.Queue()
+    q.put((1, "error", (10.0, "ValueError: the cause"), ""))  # raised first, reported second
+    err = launch._first_failure([None] * 3, q, {2: (10.5, "RuntimeError: peer closed", "")},
+                                grace=0.2)
+    assert str(err).startswith("rank 1 failed:\nValueError: the cause")
+    assert "(ranks [2] failed after it)" in str(err)

@@ -101,6 +101,7 @@ def _worker(fn: Callable[..., Any], rank: int, world_size: int, args: tuple[Any,
         sys.stderr.flush()
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
+        failed_at = time.monotonic()  # a failure before fn runs dates from the start
         try:
             torch.set_num_threads(threads)
             if backend == "nccl":  # pragma: no cover - needs GPUs
@@ -111,11 +112,14 @@ def _worker(fn: Callable[..., Any], rank: int, world_size: int, args: tuple[Any,
                                     timeout=timedelta(seconds=timeout))
             try:
                 value = fn(rank, world_size, *args)
+            except BaseException:
+                failed_at = time.monotonic()  # before tearing down: peers fail after this
+                raise
             finally:
                 dist.destroy_process_group()
             status, payload = "ok", pickle.dumps(value)
         except BaseException:  # noqa: BLE001 - every failure must reach the parent
-            status, payload = "error", traceback.format_exc()
+            status, payload = "error", (failed_at, traceback.format_exc())
         sys.stdout.flush()
         sys.stderr.flush()
         log.seek(0)
@@ -192,6 +196,26 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "glo
         del store
 
 
+def _first_failure(procs: Sequence[Any], results: Any,
+                   failures: dict[int, tuple[float, str, str]], grace: float = 2.0) -> WorkerError:
+    """The error of the rank that failed first, once the others have had ``grace`` seconds to
+    report: when one rank raises, its peers' collectives fail too ("connection closed by
+    peer"), and one of those reports may reach the queue before the cause does."""
+    end = time.monotonic() + grace
+    while time.monotonic() < end and len(failures) < len(procs):
+        try:
+            rank, status, payload, output = results.get(timeout=0.05)
+        except queue.Empty:
+            continue
+        if status == "error":
+            failures[rank] = (*payload, output)
+    rank = min(failures, key=lambda r: failures[r][0])
+    _, trace, output = failures[rank]
+    others = sorted(set(failures) - {rank})
+    return WorkerError(f"rank {rank} failed:\n{trace}" + (f"\nits output:\n{output}" if output else "")
+                       + (f"\n(ranks {others} failed after it)" if others else ""))
+
+
 def _collect(procs: Sequence[Any], results: Any,
              deadline: float) -> tuple[list[Any], list[str]]:
     """Gather one message per rank; raise on the first failure, death or the deadline."""
@@ -219,8 +243,7 @@ def _collect(procs: Sequence[Any], results: Any,
                 continue
         rank, status, payload, output = message
         if status == "error":
-            raise WorkerError(f"rank {rank} failed:\n{payload}"
-                              + (f"\nits output:\n{output}" if output else ""))
+            raise _first_failure(procs, results, {rank: (*payload, output)})
         values[rank] = pickle.loads(payload)
         outputs[rank] = output
     return [values[r] for r in range(world_size)], [outputs[r] for r in range(world_size)]
