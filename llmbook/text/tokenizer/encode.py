@@ -10,6 +10,10 @@ merges. Pre-tokens repeat a lot in real text, so results are cached per pre-toke
 Decoding concatenates the tokens' bytes and reads them as UTF-8; a byte sequence
 that is not valid UTF-8 (a token sequence cut inside a character) becomes U+FFFD,
 as GPT-2 does with ``errors="replace"``.
+
+The pre-tokeniser is GPT-2's regex unless another is given
+(:mod:`.pretokenizers`: ``"smollm"``, ``"qwen2"``, ``"cl100k"`` or any
+:class:`~llmbook.text.tokenizer.pretokenizers.PreTokenizer`).
 """
 
 from __future__ import annotations
@@ -20,19 +24,14 @@ from itertools import pairwise
 
 import regex
 
-from llmbook.text.tokenizer.pretokenize import (
-    GPT2_SPLIT_PATTERN,
-    special_token_pattern,
-    validate_special_tokens,
-)
+from llmbook.text.tokenizer.pretokenize import special_token_pattern, validate_special_tokens
+from llmbook.text.tokenizer.pretokenizers import PreTokenizer, get_pretokenizer
 
 __all__ = ["BPETokenizer"]
 
-_SPLIT_RE = regex.compile(GPT2_SPLIT_PATTERN)
-# A GPT-2 pre-token is decided by the text up to two characters past its end: the
-# alternatives "'re", "'ve", "'ll" tried at a "'" look that far. encode_iterable cuts a
-# stream only after pre-tokens followed by more than this many characters.
-_LOOKAHEAD_CHARS = 3
+# The last non-whitespace character of a string (searched backwards): \s as the
+# pre-tokenisers' patterns read it (Unicode White_Space), not as str.isspace does.
+_LAST_NON_SPACE = regex.compile(r"(?r)\S")
 
 
 def _check_vocab(vocab: Mapping[int, bytes]) -> dict[int, bytes]:
@@ -57,18 +56,28 @@ class BPETokenizer:
             merge's position in the list is its rank.
         special_tokens: strings kept whole by :meth:`encode` (matched longest first,
             before pre-tokenisation). ``None`` means none.
+        pretokenizer: a preset name of :data:`~.pretokenizers.PRETOKENIZERS` (``"gpt2"``,
+            the default, ``"smollm"``, ``"qwen2"``, ``"cl100k"``) or a
+            :class:`~.pretokenizers.PreTokenizer`.
+        require_all_bytes: with ``False`` the vocabulary may lack some single bytes (as
+            SmolLM2's lacks 21 that its training text never had); :meth:`encode` then
+            raises ``ValueError`` on text that needs one. Default ``True``.
 
     ``encode(text)`` gives a ``list[int]`` of length T (the number of tokens), and
-    ``decode(ids)`` inverts it: ``decode(encode(s)) == s`` for every string ``s``.
+    ``decode(ids)`` inverts it: ``decode(encode(s)) == s`` for every string ``s`` (whose
+    bytes all have tokens, which is every string when the vocab has all 256 bytes).
     """
 
     #: Pre-token cache entries kept before the cache is emptied (bounds memory).
     cache_size = 1 << 16
 
     def __init__(self, vocab: Mapping[int, bytes], merges: Sequence[tuple[bytes, bytes]],
-                 special_tokens: Iterable[str] | None = None) -> None:
+                 special_tokens: Iterable[str] | None = None,
+                 pretokenizer: str | PreTokenizer = "gpt2", *,
+                 require_all_bytes: bool = True) -> None:
         self.vocab = _check_vocab(vocab)
         self.special_tokens = validate_special_tokens(special_tokens)
+        self.pretokenizer = get_pretokenizer(pretokenizer)
         if isinstance(merges, str | bytes) or not isinstance(merges, Sequence):
             raise TypeError(f"merges must be a list of (bytes, bytes), got {type(merges).__name__}")
         self.merges = [tuple(m) for m in merges]
@@ -78,13 +87,15 @@ class BPETokenizer:
         for i in sorted(self.vocab):
             self._id_of.setdefault(self.vocab[i], i)
         missing = [b for b in range(256) if bytes([b]) not in self._id_of]
-        if missing:
+        if missing and require_all_bytes:
             raise ValueError(f"vocab lacks {len(missing)} single bytes, e.g. {bytes(missing[:3])!r}; "
                              f"a byte-level vocabulary needs all 256")
-        self._byte_ids = [self._id_of[bytes([b])] for b in range(256)]
+        #: The single bytes that have no id (empty unless ``require_all_bytes=False``).
+        self.missing_bytes = bytes(missing)
+        self._byte_ids = [self._id_of.get(bytes([b]), -1) for b in range(256)]
         self._ranks: dict[tuple[int, int], tuple[int, int]] = {}
         for rank, merge in enumerate(self.merges):
-            if len(merge) != 2 or not all(isinstance(t, bytes) for t in merge):
+            if len(merge) != 2 or not (isinstance(merge[0], bytes) and isinstance(merge[1], bytes)):
                 raise TypeError(f"merges[{rank}] must be a pair of bytes, got {merge!r}")
             left, right = merge
             for part in (left, right, left + right):
@@ -115,8 +126,9 @@ class BPETokenizer:
         return len(self.vocab)
 
     def __repr__(self) -> str:
-        return (f"BPETokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, "
-                f"special_tokens={list(self.special_tokens)})")
+        pre = "" if self.pretokenizer.name == "gpt2" else f", pretokenizer={self.pretokenizer.name!r}"
+        return (f"{type(self).__name__}(vocab_size={self.vocab_size}, merges={len(self.merges)}, "
+                f"special_tokens={list(self.special_tokens)}{pre})")
 
     # -- encoding ---------------------------------------------------------------------
 
@@ -144,9 +156,18 @@ class BPETokenizer:
             word = merged
         return word
 
+    def _refuse_missing_byte(self, pretoken: str) -> None:
+        """Raise the ``ValueError`` for a pre-token that needs a byte the vocab lacks."""
+        for ch in pretoken:
+            lacking = [b for b in ch.encode("utf-8") if self._byte_ids[b] < 0]
+            if lacking:
+                raise ValueError(f"cannot encode {ch!r} (U+{ord(ch):04X}): its UTF-8 byte "
+                                 f"{lacking[0]:#04x} has no token in this vocabulary, which "
+                                 f"lacks {len(self.missing_bytes)} of the 256 bytes")
+
     def _encode_ordinary(self, text: str, out: list[int]) -> None:
         """Append the ids of ``text`` (no special tokens in it) to ``out``."""
-        self._encode_pretokens(_SPLIT_RE.findall(text), out)
+        self._encode_pretokens(self.pretokenizer.split(text), out)
 
     def _encode_pretokens(self, pretokens: Iterable[str], out: list[int]) -> None:
         """Append the ids of each pre-token to ``out``, through the cache."""
@@ -156,11 +177,18 @@ class BPETokenizer:
             if ids is None:
                 if len(cache) >= self.cache_size:
                     cache.clear()
-                ids = cache[pretoken] = self._bpe(pretoken)
+                ids = self._bpe(pretoken)
+                if self.missing_bytes and -1 in ids:  # a byte without a token (id -1) is left
+                    self._refuse_missing_byte(pretoken)
+                cache[pretoken] = ids
             out.extend(ids)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (length T). Special tokens are kept whole."""
+        return self._encode_text(text)
+
+    def _encode_text(self, text: str) -> list[int]:
+        """The ids of ``text``: what :meth:`encode` and the end of :meth:`encode_iterable` give."""
         if not isinstance(text, str):
             raise TypeError(f"encode expects a str, got {type(text).__name__}")
         out: list[int] = []
@@ -184,9 +212,13 @@ class BPETokenizer:
 
         Why it is exact: the text is cut only where the cut cannot change the result.
         A special token is confirmed once the longest special token would fit after
-        its start; ordinary text after it is pre-tokenised, and the pre-tokens followed
-        by more than three characters are emitted (a GPT-2 pre-token is decided by
-        at most the two characters after its end); the rest waits for more text.
+        its start; ordinary text after it is pre-tokenised, and a pre-token is emitted
+        when some non-whitespace character at or after its end lies more than the
+        pre-tokeniser's ``lookahead`` (3) characters before the buffer's end: for GPT-2's
+        pattern a pre-token is decided by at most the two characters after its end, and
+        for the other presets by the text up to two characters past the first
+        non-whitespace character after it (:mod:`.pretokenizers`). The rest waits for more
+        text. A pre-tokeniser with ``lookahead=None`` is cut only at special tokens.
         """
         if isinstance(chunks, str):
             chunks = [chunks]  # a single string is one chunk, not a stream of characters
@@ -203,7 +235,7 @@ class BPETokenizer:
                 yield from ids
                 # a tail that could not be cut (one huge pre-token) waits for a full block
                 next_at = len(buffer) + block_chars
-        yield from self.encode(buffer)
+        yield from self._encode_text(buffer)
 
     def _encode_prefix(self, buffer: str) -> tuple[list[int], str]:
         """Encode the part of ``buffer`` that more text cannot change; return (ids, rest)."""
@@ -220,14 +252,22 @@ class BPETokenizer:
                 out.append(self._special_ids[m.group()])
                 start = m.end()
             avail_end = max(avail_end, start)
+        lookahead = self.pretokenizer.lookahead
+        if lookahead is None:  # no bound claimed: cut only after confirmed special tokens
+            return out, buffer[start:]
+        # A pre-token ending at e is final if a non-whitespace character sits at some
+        # q >= e with q + lookahead < avail_end: find the last such q.
+        last = _LAST_NON_SPACE.search(buffer, start, max(start, avail_end - lookahead))
+        if last is None:
+            return out, buffer[start:]
         # Keep the pre-tokens themselves: pre-tokenising buffer[start:cut] again could
         # differ, since the end of a string satisfies the look-ahead (?!\S).
         cut, pretokens = start, []
-        for m in _SPLIT_RE.finditer(buffer, start, avail_end):
-            if m.end() + _LOOKAHEAD_CHARS >= avail_end:
+        for pretoken in self.pretokenizer.split(buffer[start:avail_end]):
+            if cut + len(pretoken) > last.start():
                 break
-            pretokens.append(m.group())
-            cut = m.end()
+            pretokens.append(pretoken)
+            cut += len(pretoken)
         self._encode_pretokens(pretokens, out)
         return out, buffer[cut:]
 
@@ -270,6 +310,27 @@ class BPETokenizer:
 
         vocab, merges, specials = read_gpt2_files(encoder_json, vocab_bpe, special_tokens)
         return cls(vocab, merges, specials)
+
+    @classmethod
+    def from_tiktoken_file(cls, path: str | os.PathLike, pretokenizer: str | PreTokenizer,
+                           special_tokens: Mapping[str, int] | None = None) -> BPETokenizer:
+        """Load a tiktoken rank file (``cl100k_base.tiktoken``, Qwen's ``qwen.tiktoken``).
+
+        ``pretokenizer`` must be the file's own (``"cl100k"``, ``"qwen2"``): the file does
+        not say. ``special_tokens`` maps each special token to its id, which must be free
+        (rank files hold no special tokens). See :mod:`.tiktoken_files`.
+        """
+        from llmbook.text.tokenizer.tiktoken_files import load_tiktoken_ranks
+
+        vocab, merges = load_tiktoken_ranks(path)
+        specials = dict(special_tokens or {})
+        validate_special_tokens(list(specials))
+        for tok, i in specials.items():
+            if isinstance(i, bool) or not isinstance(i, int) or i in vocab:
+                raise ValueError(f"special token {tok!r}: id {i!r} is not an int, or is already "
+                                 f"a token of the rank file")
+            vocab[i] = tok.encode("utf-8")
+        return cls(vocab, merges, list(specials), pretokenizer)
 
     def save_gpt2_files(self, directory: str | os.PathLike) -> tuple[os.PathLike, os.PathLike]:
         """Write ``encoder.json`` and ``vocab.bpe`` into ``directory``; return their paths."""
