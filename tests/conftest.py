@@ -13,6 +13,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist (make test runs two workers), each worker gets its share of the cores:
+# two workers of two threads each on a 2-core machine make OpenMP's threads wait for one
+# another, and a matrix-vector product of the real model (chapter 7) then runs tens of
+# times slower than on one thread.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
 
 @pytest.fixture(scope="module")
 def one_thread():

@@ -2,7 +2,9 @@
 
 A part may import from earlier parts and from the shared helpers at the top of
 ``llmbook`` (``nbtools``, ``validation``, ``environment``), never from a later part, and no
-module may take part in an import cycle. Every ``import`` statement counts, including
+module may take part in an import cycle. The reader's commands at the top of ``llmbook``
+(``python -m llmbook.chat``) sit after every part: they may import any part, and nothing
+in the package may import them. Every ``import`` statement counts, including
 those inside functions and under ``if TYPE_CHECKING:``: a lazy import is still a
 dependency.
 """
@@ -21,6 +23,8 @@ import llmbook
 #: The parts in book order; a module may import only from its own part or earlier ones.
 PARTS = ["text", "transformer", "training", "inference", "alignment", "scale"]
 HELPERS = {"llmbook", "llmbook.nbtools", "llmbook.validation", "llmbook.environment"}
+#: Commands a reader runs (``python -m llmbook.chat``): they rank after every part.
+COMMANDS = {"llmbook.chat"}
 ROOT = Path(llmbook.__file__).resolve().parent
 
 
@@ -40,6 +44,8 @@ def rank(module: str) -> int:
     """0 for the shared helpers, then 1 + the index of the module's part."""
     if module in HELPERS:
         return 0
+    if module in COMMANDS:
+        return len(PARTS) + 1
     part = module.split(".")[1]
     if part not in PARTS:
         raise AssertionError(f"{module} lies outside the parts {PARTS} and is not a shared "
@@ -129,7 +135,8 @@ def test_every_module_lives_in_a_part_or_is_a_shared_helper():
     for module in all_modules():
         rank(module)  # raises for a module outside the parts
     top = {p.stem for p in ROOT.glob("*.py")} - {"__init__"}
-    assert {f"llmbook.{m}" for m in top} <= HELPERS, f"stray top-level modules: {sorted(top)}"
+    assert {f"llmbook.{m}" for m in top} <= HELPERS | COMMANDS, \
+        f"stray top-level modules: {sorted(top)}"
 
 
 def test_dependencies_point_back_to_earlier_parts_only():
@@ -158,6 +165,10 @@ def test_the_checks_catch_a_wrong_import_and_a_cycle():
     # helpers may not depend on a part
     assert direction_violations({"llmbook.nbtools": {"llmbook.text.corpus"}}) == [
         "llmbook.nbtools imports llmbook.text.corpus (a later part)"]
+    # a command may import any part, and no part may import a command
+    assert direction_violations({"llmbook.chat": {"llmbook.scale.moe"}}) == []
+    assert direction_violations({"llmbook.scale.moe": {"llmbook.chat"}}) == [
+        "llmbook.scale.moe imports llmbook.chat (a later part)"]
 
 
 def test_imports_are_resolved_like_python_resolves_them():

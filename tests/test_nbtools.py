@@ -211,3 +211,20 @@ def test_best_time_returns_the_fastest_run_and_the_result():
         best_time(fn, repeats=0)
     with pytest.raises(TypeError, match="callable"):
         best_time(42)
+
+
+def test_claim_grades_table_and_markdown():
+    claims = nbtools.ClaimGrades("claims here")
+    claims.grade("C4", "mask = triu(ones) * -inf", "28 of 49 entries are NaN", "wrong")
+    claims.grade("C1", "a | pipe", "151,643 + 3 ids", "true only under a condition")
+    text = repr(claims)
+    assert text.splitlines()[0] == "claims here: 2 graded"
+    assert "C4  claim:    mask = triu(ones) * -inf" in text and "verdict:  WRONG" in text
+    md = claims._repr_markdown_()
+    assert "| C4 | mask = triu(ones) * -inf | 28 of 49 entries are NaN | **wrong** |" in md
+    assert "a \\| pipe" in md  # a pipe in a cell is escaped, the table keeps four columns
+    with pytest.raises(ValueError, match="verdict"):
+        claims.grade("C9", "x", "y", "probably")
+    with pytest.raises(ValueError, match="evidence"):
+        claims.grade("C9", "x", "  ", "correct")
+    assert nbtools.VERDICTS[0] == "correct" and len(nbtools.VERDICTS) == 5
