@@ -39,7 +39,14 @@ from sympy.stats import E as expectation
 from sympy.stats import Normal, Rademacher
 from torch.utils.flop_counter import FlopCounterMode
 
-from llmbook.nbtools import Checks, best_time, save_figure, seed_everything, show_source
+from llmbook.nbtools import (
+    Checks,
+    ClaimGrades,
+    best_time,
+    save_figure,
+    seed_everything,
+    show_source,
+)
 from llmbook.text.embedding import TokenEmbedding
 from llmbook.text.worked_example import PublishedComparison, load_the_cat_sat
 from llmbook.transformer.attention import (
@@ -521,6 +528,73 @@ checks.close("causal A, row 'cat' (exact)", [0.4585, 0.5415, 0.0], A_pub_causal[
 checks.equal("published rows of A sum to", [1.0001, 1.0, 1.0001],
              [round(v, 6) for v in pub("A").sum(-1).tolist()])
 checks
+
+# %% [markdown]
+# ### A mask built by multiplying by $-\infty$, graded
+#
+# An inference tutorial the book was planned from builds its mask in one line,
+# `mask = torch.triu(torch.ones(7, 7), diagonal=1) * -float('inf')`, and adds it to the
+# scores (claim C4). The intent is right: $0$ where a query may look, $-\infty$ where it may
+# not, so that $e^{-\infty} = 0$ removes the future from the softmax. The arithmetic is not:
+# the product is taken entry by entry, and below the diagonal it is $0 \cdot (-\infty)$,
+# which has no value. SymPy says so, and IEEE 754 floating point, which PyTorch follows,
+# makes it NaN ("not a number"), and a NaN poisons every sum it enters:
+
+# %%
+print("SymPy: 0 * (-oo) =", sp.S(0) * -sp.oo, "  1 * (-oo) =", sp.S(1) * -sp.oo)
+claim_mask = torch.triu(torch.ones(7, 7), diagonal=1) * -float("inf")  # the claim's line
+print(claim_mask[:3])
+print(f"{int(claim_mask.isnan().sum())} of 49 entries are NaN, "
+      f"{int(claim_mask.isneginf().sum())} are -inf, {int((claim_mask == 0).sum())} are 0")
+
+# %% [markdown]
+# Measured on a real model: the first attention layer of SmolLM2-135M-Instruct (chapter 7
+# loads it from its GGUF file; chapter 1 builds its tokenizer), on the seven tokens of
+# "What is the meaning of life?". With the claim's mask added to the scores, every
+# attention weight of every head is NaN, and so is every output; with the mask built
+# correctly, `torch.full((T, T), -inf).triu(1)` (or `masked_fill` on the boolean mask
+# above the diagonal), the layer equals the book's `is_causal=True` attention.
+
+# %%
+from llmbook.inference.gguf import load_model, smollm2_path  # noqa: E402
+
+smol, smol_tokenizer = load_model(smollm2_path(), dtype=torch.float64)
+smol_ids = torch.tensor([smol_tokenizer.encode("What is the meaning of life?")])  # (1, 7)
+attn0 = smol.blocks[0].attn
+with torch.no_grad():
+    h0 = smol.blocks[0].attn_norm(smol.embed.weight[smol_ids])  # (1, T, d): layer 0's input
+    q0, k0, v0 = attn0.project_qkv(h0, rope=smol.rope)  # (1, 9, T, 64), (1, 3, T, 64) x 2
+    k0, v0 = (t.repeat_interleave(3, dim=1) for t in (k0, v0))  # 3 query heads per KV head
+    T_smol = smol_ids.shape[1]
+    right_mask = torch.full((T_smol, T_smol), -float("inf"), dtype=torch.float64).triu(1)
+    A_claim = torch.softmax(q0 @ k0.transpose(-2, -1) * attn0.scale + claim_mask.double(), -1)
+    A_right = torch.softmax(q0 @ k0.transpose(-2, -1) * attn0.scale + right_mask, -1)
+    out_claim = attn0(h0, attn_bias=claim_mask.double(), is_causal=False)
+    out_right = attn0(h0, attn_bias=right_mask, is_causal=False)
+    out_causal = attn0(h0)  # the book's causal mask
+print(f"{T_smol} tokens: {smol_tokenizer.decode(smol_ids[0].tolist())!r}")
+print(f"claim's mask: {int(A_claim.isnan().sum())} of {A_claim.numel()} attention weights "
+      f"and {int(out_claim.isnan().sum())} of {out_claim.numel()} outputs are NaN")
+
+checks = Checks("claim C4 on SmolLM2's first attention layer (float64)")
+checks.equal("NaN weights with the claim's mask", A_claim.numel(), int(A_claim.isnan().sum()))
+checks.close("right additive mask vs book's causal attention", out_causal, out_right, tol=1e-12)
+checks.close("rows of A sum to 1 (right mask)", torch.ones(1, 9, T_smol), A_right.sum(-1),
+             tol=1e-12)
+checks.close("future weights are 0 (right mask)", torch.zeros(1, 9, T_smol, T_smol),
+             A_right.triu(1), tol=0)
+checks
+
+# %%
+claims = ClaimGrades("a claim from the published texts")
+claims.grade("C4", "mask = torch.triu(torch.ones(7, 7), diagonal=1) * -float('inf'), added to "
+             "the scores",
+             f"0 * (-inf) is NaN: {int(claim_mask.isnan().sum())} of the 49 entries (the diagonal "
+             f"and below) are NaN, so on SmolLM2's first layer all {A_claim.numel()} attention "
+             f"weights and all {out_claim.numel()} outputs are NaN; "
+             "torch.full((7, 7), -inf).triu(1) gives the intended mask and the causal attention",
+             "wrong")
+claims
 
 # %% [markdown]
 # ## 4.5 Multi-head attention is a reshape

