@@ -37,6 +37,7 @@ import torch
 from IPython.display import display
 
 import llmbook.training.checkpoint as checkpoint_module
+from llmbook.inference.sampling import sample_text
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
 from llmbook.text.data import default_source
 from llmbook.text.ngram import NGramModel
@@ -57,7 +58,7 @@ from llmbook.training.memory import (
     scaler_trajectory,
     training_state_bytes,
 )
-from llmbook.training.pretrained import book_model, sample_text
+from llmbook.training.pretrained import book_model
 from llmbook.training.train import (
     TrainConfig,
     evaluate,
@@ -456,7 +457,8 @@ plt.show()
 # has seen each training token almost nine times and has begun to memorise the training
 # docstrings. The recipe stops at 1000 steps because a longer run (1500 steps, tried while
 # choosing it) made the validation loss rise again. Samples with a fixed generator (greedy
-# decoding, then temperature 0.8; chapter 12 studies both):
+# decoding, then temperature 0.8), drawn by `sample_text` from `llmbook.inference.sampling`,
+# the decoding module of Part IV that chapter 12 studies:
 
 # %%
 for prompt in ("Return the ", "The default value is"):

@@ -31,10 +31,15 @@
 #    rejection rule makes the output distribution *exactly* the large model's. We prove it
 #    with SymPy, test it with a chi-square test, check the expected number of tokens per
 #    target pass, and time it against plain decoding with a KV cache in both models.
+# 7. **A real model**, SmolLM2-135M-Instruct: its next-token distributions, what each rule
+#    keeps of them (with **min-p** and the **repetition penalty**), every rule checked
+#    against its `transformers` counterpart, answers streamed until the end-of-turn token,
+#    and greedy decoding's loops measured against sampling.
 #
 # The code is in `llmbook.inference.sampling` and `llmbook.inference.kvcache`.
 
 # %%
+import copy
 import itertools
 import math
 import time
@@ -44,10 +49,19 @@ import numpy as np
 import sympy as sp
 import torch
 from IPython.display import display
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
+from llmbook.inference.gguf import load_model
 from llmbook.inference.kvcache import KVCache, kv_cache_bytes
 from llmbook.inference.sampling import (
     BigramLM,
+    IncrementalDecoder,
     apply_temperature,
     beam_search,
     chi_square_sf,
@@ -55,10 +69,15 @@ from llmbook.inference.sampling import (
     early_exit_draft,
     expected_tokens_per_step,
     generate,
+    min_p_filter,
+    process_logits,
+    repeated_ngram_fraction,
+    repetition_penalty,
     sample_next,
     sequence_log_prob,
     speculative_generate,
     speculative_sample,
+    stream,
     top_k_filter,
     top_p_filter,
 )
@@ -354,8 +373,13 @@ checks
 # The tests check three invariants on random logits with `hypothesis`: top-k keeps
 # exactly $\min(k, V)$ tokens, none smaller than a dropped one; top-p keeps a prefix of the
 # sorted order that reaches $p$ while the prefix one shorter does not; and the filtered
-# distributions sum to 1. `sample_next` composes the rules: temperature, then top-k, then
-# top-p, then a draw (or the arg max when $T = 0$).
+# distributions sum to 1. `sample_next` composes the rules (with `process_logits`, which
+# section 12.9 takes apart: temperature, then top-k, then top-p, then min-p) and draws a
+# token, or takes the arg max when $T = 0$. The draw is an *exponential race*: every token
+# gets an independent clock $E_i \sim \mathrm{Exp}(1)$ and the largest $p_i / E_i$ wins.
+# Since $E_i / p_i$ is exponential with rate $p_i$, token $i$ rings first with probability
+# $p_i / \sum_j p_j$; taking logs, it is the Gumbel-max trick $\arg\max_i (\log p_i + G_i)$.
+# It is how `torch.multinomial` draws one sample on a CPU, token for token.
 
 # %%
 show_source(sample_next)
@@ -743,6 +767,329 @@ for draft_layers, gamma_ in ((1, 2), (2, 3)):
 # `benchmarks/results/speculative.json`.
 
 # %% [markdown]
+# ## 12.9 A real model: SmolLM2-135M-Instruct
+#
+# The rules so far ran on the book's small models. Here they meet a real chat model,
+# SmolLM2-135M-Instruct (Allal et al., 2025, "SmolLM2: When Smol Goes Big"), read from its
+# GGUF file by `llmbook.inference.gguf.load_model` into the book's own `TransformerLM`
+# (30 layers, $d = 576$, $V = 49{,}152$; chapter 7 checks its logits against
+# `transformers`). A conversation reaches the model through its *chat template*:
+# `render_chat` shows the text it sees, ending with the header of the turn the model is to
+# write.
+
+# %%
+torch.set_num_threads(1)  # one thread: under `make test` another notebook runs beside this one
+real_model, chat_tok = load_model()
+messages = [{"role": "user", "content": "Write a short poem about the sea."}]
+print(chat_tok.render_chat(messages))
+chat_ids = torch.tensor([chat_tok.encode_chat(messages)])  # (1, T)
+print(f"{chat_ids.shape[1]} tokens; the model's vocabulary: V = {real_model.config.vocab_size}")
+
+# %% [markdown]
+# **Digits that every CPU agrees on.** The model computes in float32, and float32 logits
+# differ between CPUs in their last bits: by up to about $10^{-4}$ between this machine's
+# AVX2 kernels and the portable ones (`ATEN_CPU_CAPABILITY=default`). A probability
+# printed to four decimals would then read differently elsewhere whenever it lies near a
+# rounding boundary. So the distributions printed below come from a float64 copy of the
+# model (the same weights; its results differ between CPUs by about $10^{-13}$), while
+# decoding uses the float32 model, with margins that are checked.
+
+# %%
+real64 = copy.deepcopy(real_model).double()
+with torch.no_grad():
+    z_chat = real_model(chat_ids)[0, -1]  # (V,) float32: what decoding uses
+    z_chat64 = real64(chat_ids)[0, -1]  # (V,) float64: for the printed digits
+p_chat = torch.softmax(z_chat64, dim=-1)
+top = torch.topk(p_chat, 8)
+print("rank  token       p")
+for rank, (pv, i) in enumerate(zip(top.values.tolist(), top.indices.tolist(), strict=True), 1):
+    print(f"{rank:4d}  {chat_tok.decode([i])!r:10}  {pv:.4f}")
+print(f"top 8 hold {float(top.values.sum()):.4f}; entropy {float(torch.special.entr(p_chat).sum()):.3f} "
+      f"nats (log V = {math.log(p_chat.numel()):.3f})")
+
+# %% [markdown]
+# Two openings are almost equally likely, and the remaining mass is spread thin over
+# tens of thousands of tokens: the tail that truncation rules exist to cut. What each rule
+# keeps of this distribution, computed with `process_logits` (the columns: how many tokens
+# survive, how much of the original probability they held, and the renormalised
+# probabilities of the two favourites):
+
+# %%
+show_source(min_p_filter)
+
+# %%
+real_rules = {"T = 1": {}, "T = 0.7": dict(temperature=0.7), "T = 1.5": dict(temperature=1.5),
+              "top-k = 10": dict(top_k=10), "top-p = 0.9": dict(top_p=0.9),
+              "min-p = 0.1": dict(min_p=0.1), "T = 1.5, top-p = 0.9": dict(temperature=1.5, top_p=0.9),
+              "T = 1.5, min-p = 0.1": dict(temperature=1.5, min_p=0.1)}
+first, second = top.indices[:2].tolist()
+kept_counts = {}
+print(f"{'rule':22}  kept  their p   p({chat_tok.decode([first])!r})  p({chat_tok.decode([second])!r})")
+for name, rule in real_rules.items():
+    z = process_logits(z_chat64, **rule)  # (V,) float64
+    q, kept = torch.softmax(z, dim=-1), torch.isfinite(z)
+    kept_counts[name] = int(kept.sum())
+    print(f"{name:22}  {kept_counts[name]:5d}  {float(p_chat[kept].sum()):.4f}  {float(q[first]):9.4f}"
+          f"  {float(q[second]):8.4f}")
+
+# %% [markdown]
+# Temperature keeps every token and only moves mass: $T = 0.7$ sharpens the two
+# favourites, $T = 1.5$ hands mass to the tail. Top-k keeps a fixed number whatever the
+# shape. Top-p and min-p adapt, in different ways. Top-p asks for a fixed *mass*, so when
+# the temperature flattens the distribution, its nucleus swells to hundreds of tokens.
+# Min-p asks for a fixed *ratio* to the favourite: at $T = 1.5$ its cut moves from
+# $\max z + \log 0.1$ to $\max z + 1.5 \log 0.1$ and it keeps more tokens too, but far
+# fewer than top-p. That is the argument of Nguyen et al. (2024) for min-p: it lets one
+# raise the temperature for variety without letting the long tail back in.
+#
+# **The order of the rules.** `process_logits` applies them in the order of Hugging Face's
+# `generate`: first the rules that read the history (the repetition penalty and the
+# no-repeat n-gram ban, on the model's own logits, in greedy decoding too), then
+# temperature, top-k, top-p and min-p. The order matters where rules do not commute.
+# Top-k keeps the $k$ largest logits, which a temperature does not reorder; top-p,
+# applied after top-k, measures its mass on the renormalised top-k distribution; min-p
+# comes after the temperature, which moves its cut (Hugging Face's code comment points to
+# the llama.cpp discussion that settled this); and min-p after top-p is not top-p after
+# min-p (`tests/test_sampling.py` has an example). The repetition penalty divides a positive
+# logit by $\theta$ and multiplies a negative one, which keeps its sign, so it commutes
+# with $z/T$: penalising before or after the temperature is the same rule.
+
+# %%
+show_source(repetition_penalty)
+
+# %% [markdown]
+# **Against `transformers`.** Each rule must give, bit for bit, the tensor that the
+# matching `transformers` logits processor gives, on the float32 logits that decoding
+# uses. Two rows: the chat above and the plain-text prompt of the next experiment, each
+# with its own history for the repetition penalty. What can differ, by design: on a tie at
+# the top-k boundary `TopKLogitsWarper` keeps every tied token where the book keeps
+# exactly $k$ (lower index first); `TopPLogitsWarper` sums float32 probabilities from the
+# least likely token up and removes a token when that sum is at most $1 - p$, the book
+# sums float64 probabilities from the most likely down and keeps a token while the mass
+# before it is below $p$, the same rule in exact arithmetic, so the two sets could differ
+# only if a running sum came within float32 round-off of $p$; `MinPLogitsWarper` compares
+# float32 probabilities, the book compares $z - \max z$ with $\log p_{min}$ in float64.
+# The last rows check that no boundary on these logits is that close, so the equalities
+# are not luck (`tests/test_sampling_real.py` does the same on more prompts and settings).
+
+# %%
+base_prompt = "The best thing about living by the sea is"
+base_ids = torch.tensor([chat_tok.encode(base_prompt)])  # (1, T0)
+with torch.no_grad():
+    z_base = real_model(base_ids)[0, -1]
+z2 = torch.stack([z_chat, z_base])  # (2, V) float32
+history = torch.stack([chat_ids[0, -base_ids.shape[1]:], base_ids[0]])  # (2, T0): one per row
+checks = Checks("llmbook's rules = transformers' processors, SmolLM2's float32 logits")
+for t in (0.7, 1.5):
+    checks.equal(f"temperature {t}", TemperatureLogitsWarper(t)(history, z2), apply_temperature(z2, t))
+for k in (10, 50):
+    checks.equal(f"top-k {k}", TopKLogitsWarper(k)(history, z2), top_k_filter(z2, k))
+top_p_cases, min_p_cases = ((1.0, 0.9), (1.0, 0.95)), ((1.0, 0.1), (1.5, 0.05))
+for t, p in top_p_cases:
+    zt = apply_temperature(z2, t)
+    checks.equal(f"T = {t}, top-p {p}", TopPLogitsWarper(p)(history, zt), top_p_filter(zt, p))
+for t, m in min_p_cases:
+    zt = apply_temperature(z2, t)
+    checks.equal(f"T = {t}, min-p {m}", MinPLogitsWarper(m)(history, zt), min_p_filter(zt, m))
+for theta in (1.2, 1.5):
+    checks.equal(f"repetition penalty {theta}", RepetitionPenaltyLogitsProcessor(theta)(history, z2),
+                 repetition_penalty(z2, history, theta))
+
+
+# %%
+def top_p_margin(z: torch.Tensor, p: float) -> float:
+    """How far p lies from the running masses that decide the nucleus (float64, all rows)."""
+    probs = torch.sort(torch.softmax(z.double(), -1), dim=-1, descending=True).values
+    before = torch.cumsum(probs, -1) - probs  # (B, V): mass before each token
+    n = (before < p).sum(-1, keepdim=True)
+    return float(torch.minimum(p - before.gather(-1, n - 1), before.gather(-1, n) - p).min())
+
+
+def min_p_margin(z: torch.Tensor, m: float) -> float:
+    """How far the nearest z - max z lies from the cut log m (float64, all rows)."""
+    z = z.double()
+    return float((z - z.amax(-1, keepdim=True) - math.log(m)).abs().min())
+
+
+ranked = torch.sort(z2, dim=-1, descending=True).values
+checks.true("top-k: no tie at the boundaries", all(bool((ranked[:, k - 1] > ranked[:, k]).all())
+                                                   for k in (10, 50)))
+checks.true("top-p: every running mass >= 1e-4 from p",
+            min(top_p_margin(apply_temperature(z2, t), p) for t, p in top_p_cases) > 1e-4)
+checks.true("min-p: every z - max z >= 1e-5 from the cut",
+            min(min_p_margin(apply_temperature(z2, t), m) for t, m in min_p_cases) > 1e-5)
+checks
+
+# %% [markdown]
+# ### Streaming an answer, until the end of the turn
+#
+# A chat interface prints the answer as it is generated. `stream` yields each step's
+# tokens before the model runs again, and with `stop_ids` it ends as soon as the model
+# writes its end-of-turn token (`<|im_end|>` for SmolLM2), which is included. (`generate`
+# collects the same tokens into a tensor; for a batch, rows that stopped are padded with a
+# `pad_id` until every row has.) Turning streamed tokens into text needs care: byte-level
+# BPE cuts characters outside its merges into pieces, as the emoji below shows, and a
+# piece decoded alone is the replacement character U+FFFD. `IncrementalDecoder` holds the
+# pieces back until the character is whole.
+
+# %%
+emoji_ids = chat_tok.encode(" 🌊")
+print("tokens of ' 🌊':", emoji_ids, "each decoded alone:", [chat_tok.decode([i]) for i in emoji_ids])
+decoder = IncrementalDecoder(chat_tok)
+print("pushed one by one:", [decoder.push(i) for i in emoji_ids])
+show_source(IncrementalDecoder.push)
+
+# %%
+question = [{"role": "user", "content": "Describe the sea in one sentence."}]
+question_ids = torch.tensor([chat_tok.encode_chat(question)])  # (1, T)
+decoder = IncrementalDecoder(chat_tok, skip_special_tokens=True)
+answer_ids, pieces = [], []
+for token in stream(real_model, question_ids, 48, temperature=0, stop_ids=chat_tok.stop_token_ids):
+    answer_ids.append(int(token))
+    pieces.append(decoder.push(token))  # a terminal would print(piece, end="", flush=True)
+pieces.append(decoder.flush())
+print("".join(pieces))
+
+# %% [markdown]
+# The answer is greedy, so before trusting that it prints the same on every CPU we check
+# the margin of every choice: the gap between the best and the second-best logit, on the
+# logits of one teacher-forced pass over the whole answer (they differ from the cached
+# ones of `stream` by round-off, as another CPU's would). A gap wider than $10^{-3}$, ten
+# times the largest difference between CPUs measured above, cannot be overturned. The same replay checks
+# the sampled texts below: `sample_next` draws by the exponential race, so replaying the
+# generator's clocks gives each draw's margin, the gap between the winner's score
+# $T(\log p_i - \log E_i)$ and the runner-up's, in the same logit units.
+
+
+# %%
+def choice_margins(ids: torch.Tensor, T0: int, temperature: float = 0.0, seed: int | None = None,
+                   **rules: float) -> torch.Tensor:
+    """Replay a decoding run of real_model teacher-forced: by how much (in logits) each token won."""
+    with torch.no_grad():
+        z = real_model(ids[:, :-1])  # (B, L - 1, V)
+    clocks = None if seed is None else torch.Generator().manual_seed(seed)
+    margins = []
+    for t in range(T0, ids.shape[1]):
+        score = process_logits(z[:, t - 1], ids[:, :t], temperature=temperature, **rules)
+        if temperature > 0:  # sample_next's race: the largest p / E, i.e. log p - log E
+            e = torch.empty(score.shape, dtype=torch.float64).exponential_(1, generator=clocks)
+            score = temperature * (torch.log_softmax(score.double(), -1) - torch.log(e))
+        best = torch.topk(score, 2, dim=-1)
+        assert torch.equal(best.indices[:, 0], ids[:, t]), f"the replay differs at step {t}"
+        margins.append(best.values[:, 0] - best.values[:, 1])
+    return torch.stack(margins, dim=1)  # (B, L - T0)
+
+
+def margin_floor(margins: torch.Tensor) -> str:
+    """The smallest margin, as the power of ten below it (a bound that reads the same anywhere)."""
+    return f"{10.0 ** math.floor(math.log10(float(margins.min()))):.0e}"
+
+
+answer = torch.cat([question_ids, torch.tensor([answer_ids])], dim=1)
+gaps = choice_margins(answer, question_ids.shape[1])
+checks = Checks("the streamed answer")
+checks.true(f"greedy: every gap >= {margin_floor(gaps)} (> 1e-3)", float(gaps.min()) > 1e-3)
+checks.true("pieces joined = decode(tokens, skip specials)",
+            "".join(pieces) == chat_tok.decode(answer_ids, skip_special_tokens=True))
+checks.true("ended at the end-of-turn token: tokens", answer_ids[-1] in chat_tok.stop_token_ids,
+            len(answer_ids))
+checks
+
+# %% [markdown]
+# ### Greedy decoding loops; sampling does not
+#
+# Section 12.1 saw greedy decoding loop on a small model. A real model does too, given a
+# plain-text prompt to continue (no chat template, so no end of turn is expected: every
+# rule runs the full 128 tokens). We compare greedy decoding, greedy with the repetition
+# penalty $\theta = 1.3$, greedy with no repeated 3-gram (the hard ban of
+# `no_repeat_ngram_filter`), and four seeded samples at $T = 0.8$ drawn as one batch.
+
+# %%
+N_REAL, T0 = 128, base_ids.shape[1]
+greedy_rules = {"greedy": {}, "greedy + penalty 1.3": dict(repetition_penalty=1.3),
+                "greedy + no 3-gram twice": dict(no_repeat_ngram_size=3)}
+runs = {name: generate(real_model, base_ids, N_REAL, temperature=0, **rule)
+        for name, rule in greedy_rules.items()}
+samples = generate(real_model, base_ids.expand(4, -1), N_REAL, temperature=0.8,
+                   generator=torch.Generator().manual_seed(0))  # (4, T0 + 128)
+checks = Checks("every printed token has a margin > 1e-3")
+for name, rule in greedy_rules.items():
+    m = choice_margins(runs[name], T0, **rule)
+    checks.true(f"{name}: every gap >= {margin_floor(m)}", float(m.min()) > 1e-3)
+m = choice_margins(samples, T0, temperature=0.8, seed=0)
+checks.true(f"T = 0.8 samples: every race margin >= {margin_floor(m)}", float(m.min()) > 1e-3)
+checks
+
+# %%
+for name, ids in runs.items():
+    print(f"--- {name}:\n{base_prompt}{chat_tok.decode(ids[0, T0:].tolist())}\n")
+for b in (0, 1):
+    print(f"--- T = 0.8, sample {b}:\n{base_prompt}{chat_tok.decode(samples[b, T0:].tolist())}\n")
+
+# %% [markdown]
+# Greedy decoding writes a fluent paragraph, then starts it again word for word and never
+# leaves. The repetition penalty breaks the loop but pays for it: it lowers *every* token
+# already seen, the common words and punctuation included, so the text drifts, and here
+# the model escapes by ending its turn and starting a new one (the special tokens are
+# printed as they are). The 3-gram ban forbids the loop outright and forces rephrasing.
+# None of the four samples settles into a loop, though a small model at $T = 0.8$ does
+# repeat phrases. The repeated-n-gram fraction (Welleck et al., 2020, "seq-rep-n": the share of
+# n-grams that repeat an earlier one) puts numbers on it, and the figure follows it along
+# the text, next to the probability greedy decoding gives its own choice (float64 model).
+
+# %%
+def continuation(ids: torch.Tensor) -> list[int]:
+    return ids[T0:].tolist()
+
+
+texts = {**{name: continuation(ids[0]) for name, ids in runs.items()},
+         **{f"T = 0.8, sample {b}": continuation(samples[b]) for b in range(4)}}
+print(f"{'decoding':32}  rep-2  rep-4")
+for name, toks in texts.items():
+    print(f"{name:32}  {repeated_ngram_fraction(toks, 2):.3f}  {repeated_ngram_fraction(toks, 4):.3f}")
+with torch.no_grad():
+    logp = torch.log_softmax(real64(runs["greedy"][:, :-1])[0, T0 - 1:], dim=-1)  # (128, V)
+p_greedy = logp.gather(-1, runs["greedy"][0, T0:, None])[:, 0].exp()  # (128,) float64
+loop = next(t for t in range(4, N_REAL) if repeated_ngram_fraction(texts["greedy"][:t + 1], 4) > 0)
+print(f"greedy: the first repeated 4-gram ends at token {loop}; mean p of its own choice "
+      f"before {float(p_greedy[:loop].mean()):.3f}, after {float(p_greedy[loop:].mean()):.3f}")
+
+# %%
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+ax1.plot(range(1, N_REAL + 1), p_greedy.numpy(), c="C0", lw=1)
+ax1.axvline(loop + 1, c="gray", ls=":", label="first repeated 4-gram")
+ax1.set(xlabel="generated token", ylabel="probability of the chosen token",
+        title="Greedy: once it loops, the model is sure", ylim=(0, 1.02))
+ax1.legend(fontsize=8, loc="lower right")
+steps_x = range(4, N_REAL + 1)
+for i, (name, toks) in enumerate(texts.items()):
+    sampled = name.startswith("T = 0.8")
+    ax2.plot(steps_x, [repeated_ngram_fraction(toks[:n], 4) for n in steps_x],
+             c="C3" if sampled else f"C{i}", lw=0.8 if sampled else 1.6, alpha=0.6 if sampled else 1,
+             label="T = 0.8 (4 samples)" if name.endswith("sample 0") else (None if sampled else name))
+ax2.set(xlabel="generated tokens", ylabel="fraction of 4-grams repeated",
+        title="Repetition along the text (seq-rep-4)", ylim=(-0.02, 0.5))
+ax2.legend(fontsize=8)
+save_figure(fig, "12_decoding_real_repetition")
+plt.show()
+
+# %% [markdown]
+# On the left, greedy decoding's confidence in its own choices: it wavers while writing
+# the paragraph the first time, then, once it starts repeating, almost every token has
+# probability close to 1. Repetition feeds on itself: the more often a phrase is in the
+# context, the likelier the model makes it again (Xu et al., 2022, "Learning to Break the
+# Loop", name this self-reinforcement), which is why maximising each step's probability
+# ends in a loop. On the right, the greedy curve climbs steadily once the loop starts;
+# the penalty and the ban stay at zero, and the samples below the greedy curve, the one
+# that repeats a phrase included.
+#
+# What to use, then: for open-ended text, sampling with a moderate temperature and a
+# truncation rule (top-p, or min-p, which tolerates a higher temperature); the penalties
+# when greedy or low-temperature decoding is required, knowing that the repetition penalty
+# also penalises the words every sentence needs. For tasks with one right answer (a
+# translation, an arithmetic result), greedy decoding or beam search.
+
+# %% [markdown]
 # ## Summary
 #
 # * Greedy and beam search maximise probability; for open-ended text that produces loops.
@@ -757,14 +1104,26 @@ for draft_layers, gamma_ in ((1, 2), (2, 3)):
 # * The published "the cat sat" table gets its $T = 1$ and $T = 2$ rows right up to
 #   rounding, but its $T = 0.5$ row has an extra 1 in the denominator (it sums to 0.8725)
 #   and its nucleus at $p = 0.75$ stops one token short of the rule.
+# * On a real chat model (SmolLM2-135M-Instruct, $V = 49{,}152$) every rule, min-p and the
+#   repetition penalty included, gives bit for bit the tensor of its `transformers`
+#   processor; top-p and min-p keep the same sets because no boundary lies within float32
+#   round-off, which is checked rather than assumed. Min-p keeps the tail out at a high
+#   temperature where top-p lets hundreds of tokens in.
+# * `stream` yields tokens as they are made and stops at the end-of-turn token;
+#   `IncrementalDecoder` prints only whole characters. Greedy decoding of the real model
+#   falls into a loop it grows surer of with every repetition; the repetition penalty and
+#   the n-gram ban break it at a cost, sampling does not enter it. Printed text that
+#   depends on float32 logits is shown only with a margin of $10^{-3}$ on every choice.
 #
 # ## Exercises
 #
-# 1. (★) **Min-p sampling.** Nguyen et al. (2024, "Turning Up the Heat: Min-p Sampling
-#    for Creative and Coherent LLM Outputs") keep the tokens with $p(x) \ge p_{min} \cdot
-#    \max_y p(y)$. Write `min_p_filter(logits, p_min)`, find which of the example's tokens
-#    it keeps at $p_{min} = 0.8$, and show that adding a constant to all logits changes
-#    nothing while a temperature of 0.1 leaves a single token.
+# 1. (★★) **Locally typical sampling.** Meister et al. (2023, "Locally Typical
+#    Sampling") keep the tokens whose surprisal $-\log p(x)$ is closest to the entropy $H$
+#    of the distribution: sort the tokens by $|{-\log p(x)} - H|$ and keep the shortest
+#    prefix of that order whose mass reaches $\tau$ (the top-p rule, in another order).
+#    Write `typical_filter(logits, mass)`, find which of the example's tokens it keeps at
+#    $\tau = 0.5$, and check it against `transformers`' `TypicalLogitsWarper` on random
+#    logits. Which token does it drop that top-p would keep first?
 # 2. (★★) **A temperature for a target entropy.** Since $H(T)$ is increasing, find $T$
 #    with $H(T) = h$ by bisection: `temperature_for_entropy(logits, h)`. What temperature
 #    gives the example logits an entropy of 1.0 nat?

@@ -1,4 +1,7 @@
-"""Tests for llmbook.training.pretrained: the book's shipped models, retraining them, and sampling."""
+"""Tests for llmbook.training.pretrained: the book's shipped models and retraining them.
+
+(Sampling from them is llmbook.inference.sampling's, tested in test_sampling.py.)
+"""
 
 import os
 import time
@@ -10,14 +13,12 @@ from llmbook.text.data import default_source
 from llmbook.training.pretrained import (
     RECIPES,
     book_model,
-    generate,
     main,
     models_dir,
     recipe_hash,
-    sample_text,
 )
 from llmbook.training.train import evaluate
-from llmbook.transformer.model import TransformerConfig, TransformerLM
+from llmbook.transformer.model import TransformerConfig
 
 
 def test_synthetic_book_model_is_within_3_percent_of_the_entropy_rate():
@@ -138,46 +139,3 @@ def test_a_changed_recipe_or_missing_files_are_refused(tmp_path, monkeypatch):
         book_model("text")
     with pytest.raises(ValueError, match="kind must be one of"):
         book_model("poetry")
-
-
-def test_generate_greedy_matches_argmax_and_sampling_is_seeded():
-    cfg = TransformerConfig.gpt2_style(vocab_size=11, d_model=16, n_layers=1, n_heads=2,
-                                       max_seq_len=5)
-    model = TransformerLM(cfg, generator=torch.Generator().manual_seed(0))
-    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
-    out = generate(model, ids, 4, temperature=0)
-    assert out.shape == (2, 7) and torch.equal(out[:, :3], ids)
-    with torch.no_grad():
-        manual = ids
-        for _ in range(4):
-            manual = torch.cat([manual, model(manual[:, -5:])[:, -1].argmax(-1, keepdim=True)], 1)
-    assert torch.equal(out, manual)
-    a = generate(model, ids, 6, 1.0, top_k=3, generator=torch.Generator().manual_seed(1))
-    b = generate(model, ids, 6, 1.0, top_k=3, generator=torch.Generator().manual_seed(1))
-    assert torch.equal(a, b)
-    with torch.no_grad():  # top-k: every sampled token is among the 3 most likely
-        for t in range(3, 9):
-            top3 = model(a[:, max(0, t - 5):t])[:, -1].topk(3).indices
-            assert (top3 == a[:, t:t + 1]).any(-1).all()
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
-        generate(model, ids, 1, temperature=-1.0)
-    with pytest.raises(ValueError, match="ids must have shape"):
-        generate(model, ids[0], 1)
-
-
-class ByteTokenizer:
-    def encode(self, text):
-        return list(text.encode())
-
-    def decode(self, ids):
-        return bytes(ids).decode(errors="replace")
-
-
-def test_sample_text_starts_with_the_prompt():
-    cfg = TransformerConfig.gpt2_style(vocab_size=256, d_model=16, n_layers=1, n_heads=2,
-                                       max_seq_len=16)
-    model = TransformerLM(cfg, generator=torch.Generator().manual_seed(0))
-    text = sample_text(model, ByteTokenizer(), "abc", 5, temperature=0)
-    assert text.startswith("abc") and len(text.encode(errors="replace")) >= 3
-    with pytest.raises(ValueError, match="prompt must encode"):
-        sample_text(model, ByteTokenizer(), "", 5)

@@ -1,4 +1,6 @@
-"""Tests of llmbook.inference.sampling: the filters, generate, beam search, speculative sampling."""
+"""Tests of llmbook.inference.sampling: the filters, generate and stream, beam search,
+speculative sampling. Equality with transformers' processors on the real model's logits is
+in test_sampling_real.py."""
 
 import copy
 import itertools
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 
 from llmbook.inference.sampling import (
     BigramLM,
+    IncrementalDecoder,
     apply_temperature,
     beam_search,
     chi_square_sf,
@@ -19,19 +22,25 @@ from llmbook.inference.sampling import (
     early_exit_draft,
     expected_tokens_per_step,
     generate,
+    min_p_filter,
+    no_repeat_ngram_filter,
+    process_logits,
+    repeated_ngram_fraction,
+    repetition_penalty,
     residual_distribution,
+    sample_categorical,
     sample_next,
+    sample_text,
     sequence_log_prob,
     speculative_generate,
     speculative_sample,
+    stream,
     top_k_filter,
     top_p_filter,
 )
 from llmbook.transformer.model import TransformerConfig, TransformerLM
 
 Z = torch.tensor([-0.336, 0.261, 0.260, -0.004, 0.341], dtype=torch.float64)
-
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -357,3 +366,306 @@ def test_errors() -> None:
         expected_tokens_per_step(1.5, 2)
     with pytest.raises(ValueError, match="probs must be a distribution"):
         chi_square_test(torch.tensor([0, 1]), torch.tensor([0.5, 0.6]))
+
+
+# ---------------------------------------------------------------- min-p, penalties, the chain
+
+
+def test_min_p_worked_example() -> None:
+    # p / p_max = exp(z - 0.341) >= 0.8  <=>  z >= 0.341 + log 0.8 = 0.1179: tokens 1, 2, 4
+    out = min_p_filter(Z, 0.8)
+    assert torch.isfinite(out).tolist() == [False, True, True, False, True]
+    assert torch.equal(out[[1, 2, 4]], Z[[1, 2, 4]])  # kept logits are untouched
+    kept = torch.softmax(out, -1)
+    torch.testing.assert_close(kept[[1, 2, 4]], torch.tensor([0.3244, 0.3241, 0.3515],
+                                                             dtype=torch.float64), atol=5e-5, rtol=0)
+    # a shift changes nothing; a temperature of 0.1 moves the cut to 0.341 + 0.1 log 0.8
+    assert torch.equal(torch.isfinite(min_p_filter(Z + 7.0, 0.8)), torch.isfinite(out))
+    assert torch.isfinite(min_p_filter(apply_temperature(Z, 0.1), 0.8)).tolist() == \
+        [False, False, False, False, True]
+    assert torch.isfinite(min_p_filter(Z, 0.55)).tolist() == [False, True, True, True, True]
+    assert torch.equal(min_p_filter(Z, 0.0), Z)  # 0 keeps everything, 1 only the arg max
+    assert int(torch.isfinite(min_p_filter(Z, 1.0)).sum()) == 1
+    tied = torch.tensor([[1.0, 3.0, 3.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    assert torch.isfinite(min_p_filter(tied, 1.0)).tolist() == [[False, True, True, False],
+                                                                [True, True, True, True]]
+
+
+def test_repetition_penalty_worked_example() -> None:
+    z = torch.tensor([[2.0, -1.0, 0.5, -0.2, 3.0, 0.0],
+                      [2.0, -1.0, 0.5, -0.2, 3.0, 0.0]], dtype=torch.float64)  # (B=2, V=6)
+    history = torch.tensor([[0, 1, 1, 5], [4, 3, 3, 3]])  # (B=2, T=4): different per row
+    out = repetition_penalty(z, history, 2.0)
+    assert out.tolist() == [[1.0, -2.0, 0.5, -0.2, 3.0, 0.0],  # 2 / 2, -1 * 2, 0 stays 0
+                            [2.0, -1.0, 0.5, -0.4, 1.5, 0.0]]
+    assert repetition_penalty(z, history, 0.5).tolist() == [[4.0, -0.5, 0.5, -0.2, 3.0, 0.0],
+                                                            [2.0, -1.0, 0.5, -0.1, 6.0, 0.0]]
+    assert torch.equal(repetition_penalty(z, history, 1.0), z)
+    assert torch.equal(repetition_penalty(z, history[:, :0], 3.0), z)  # no history: no change
+    one = repetition_penalty(z[0], history[0], 2.0)  # a single row (V,) with (T,)
+    assert torch.equal(one, out[0])
+    # sign-aware, so it commutes with a temperature (up to round-off)
+    torch.testing.assert_close(apply_temperature(repetition_penalty(z, history, 1.3), 0.7),
+                               repetition_penalty(apply_temperature(z, 0.7), history, 1.3))
+
+
+def test_no_repeat_ngram_worked_example() -> None:
+    z = torch.zeros(1, 7, dtype=torch.float64)
+    history = torch.tensor([[1, 2, 3, 1, 2]])  # the next token after "1 2" may not be 3 again
+
+    def banned(n: int, h: torch.Tensor = history) -> list[int]:
+        return torch.nonzero(~torch.isfinite(no_repeat_ngram_filter(z, h, n))[0]).flatten().tolist()
+
+    assert banned(3) == [3]  # "1 2 3" occurred
+    assert banned(2) == [3]  # "2 3" occurred; the last token 2 was followed by 3
+    assert banned(1) == [1, 2, 3]  # every token seen
+    assert banned(6) == []  # a history shorter than n bans nothing
+    assert banned(2, torch.tensor([[4, 4, 4]])) == [4]
+
+
+def test_process_logits_follows_the_hugging_face_order() -> None:
+    z = torch.tensor([[1.5, 0.2, -0.7, 2.1, 0.9, -2.0, 0.4],
+                      [0.1, 0.3, 0.2, -0.5, 1.0, 0.0, 0.8]], dtype=torch.float64)  # (2, 7)
+    history = torch.tensor([[3, 0, 3], [4, 6, 4]])
+    rules = dict(temperature=0.8, top_k=5, top_p=0.9, min_p=0.2, repetition_penalty=1.3,
+                 no_repeat_ngram_size=2)
+    by_hand = no_repeat_ngram_filter(repetition_penalty(z, history, 1.3), history, 2)
+    by_hand = min_p_filter(top_p_filter(top_k_filter(apply_temperature(by_hand, 0.8), 5), 0.9), 0.2)
+    assert torch.equal(process_logits(z, history, **rules), by_hand)
+    # greedy: only the history rules, on the model's own scale
+    greedy = process_logits(z, history, **{**rules, "temperature": 0})
+    assert torch.equal(greedy, no_repeat_ngram_filter(repetition_penalty(z, history, 1.3), history, 2))
+    assert torch.equal(process_logits(z), apply_temperature(z, 1.0))
+    # top-p and min-p do not commute: the nucleus of the min-p survivors is smaller
+    w = torch.log(torch.tensor([0.3, 0.3, 0.2] + [0.01] * 20, dtype=torch.float64))
+    hf_order = min_p_filter(top_p_filter(w, 0.7), 0.1)  # 0.3 + 0.3 < 0.7: three tokens
+    other = top_p_filter(min_p_filter(w, 0.1), 0.7)  # 0.375 + 0.375 >= 0.7: two
+    assert torch.isfinite(hf_order).sum() == 3 and torch.isfinite(other).sum() == 2
+    with pytest.raises(ValueError, match="need previous_ids"):
+        process_logits(z, repetition_penalty=1.2)
+
+
+def test_sample_categorical_is_torch_multinomial_draw_for_draw() -> None:
+    g = torch.Generator().manual_seed(0)
+    for trial in range(30):
+        V = 3 + trial % 7
+        probs = torch.rand(4, V, generator=g, dtype=torch.float64) ** 3  # unnormalised rows
+        probs[:, trial % V] = 0.0
+        seed = 100 + trial
+        ours = sample_categorical(probs, torch.Generator().manual_seed(seed))
+        theirs = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed))[:, 0]
+        assert torch.equal(ours, theirs)
+        assert bool((probs.gather(-1, ours[:, None]) > 0).all())
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64)
+    g = torch.Generator().manual_seed(1)
+    draws = torch.cat([sample_categorical(p.expand(1000, 4), g) for _ in range(20)])
+    assert chi_square_test(draws, p)[2] > 1e-3
+    with pytest.raises(ValueError, match="non-negative"):
+        sample_categorical(torch.tensor([0.5, -0.1]))
+
+
+def test_repeated_ngram_fraction() -> None:
+    assert repeated_ngram_fraction([1, 2, 3, 1, 2, 3], 3) == 0.25  # 4 trigrams, 3 distinct
+    assert repeated_ngram_fraction([1, 2, 3, 1, 2, 3], 1) == 0.5
+    assert repeated_ngram_fraction(torch.tensor([4, 5, 6, 7]), 2) == 0.0
+    assert repeated_ngram_fraction([4, 5], 3) == 0.0
+    loop = [7, 8, 9, 10] * 25  # 25 copies of a loop of 4: 97 4-grams, 4 distinct
+    assert math.isclose(repeated_ngram_fraction(loop, 4), 1 - 4 / 97)
+    with pytest.raises(ValueError, match="one sequence"):
+        repeated_ngram_fraction(torch.zeros(2, 3, dtype=torch.long), 2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(logit_rows, st.floats(0.001, 1.0))
+def test_min_p_keeps_the_tokens_above_the_cut(z: torch.Tensor, m: float) -> None:
+    kept = torch.isfinite(min_p_filter(z, m))
+    ratio = torch.exp(z - z.max())  # p / p_max
+    assert bool(kept[int(z.argmax())])
+    assert bool((ratio[kept] >= m * (1 - 1e-12)).all()) and bool((ratio[~kept] < m * (1 + 1e-12)).all())
+    if not bool(kept.all()):  # an upper set of the logits
+        assert float(z[kept].min()) > float(z[~kept].max())
+
+
+@settings(max_examples=60, deadline=None)
+@given(logit_rows, st.lists(st.integers(0, 11), min_size=0, max_size=6), st.floats(1.01, 3.0))
+def test_repetition_penalty_properties(z: torch.Tensor, seen: list[int], theta: float) -> None:
+    history = torch.tensor([s % z.numel() for s in seen], dtype=torch.long)
+    out = repetition_penalty(z, history, theta)
+    mask = torch.zeros_like(z, dtype=torch.bool)
+    mask[history] = True
+    assert torch.equal(out[~mask], z[~mask])  # unseen tokens untouched
+    assert bool((out[mask] <= z[mask]).all())  # seen tokens never gain
+    assert float(torch.softmax(out, -1)[mask].sum()) <= float(torch.softmax(z, -1)[mask].sum()) + 1e-12
+    torch.testing.assert_close(repetition_penalty(out, history, 1 / theta), z)  # 1/theta undoes it
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=0, max_size=14), st.integers(1, 4))
+def test_no_repeat_ngram_bans_exactly_the_repeats(history: list[int], n: int) -> None:
+    z = torch.zeros(5, dtype=torch.float64)
+    banned = ~torch.isfinite(no_repeat_ngram_filter(z, torch.tensor(history, dtype=torch.long), n))
+    seen = {tuple(history[i:i + n]) for i in range(len(history) - n + 1)}
+    for token in range(5):
+        would_repeat = len(history) >= n and tuple(history[len(history) - n + 1:] + [token]) in seen
+        assert bool(banned[token]) == would_repeat
+
+
+# ---------------------------------------------------------------- stream, stops, generate
+
+
+class CountingBigram(BigramLM):
+    """A bigram model that counts its forward passes."""
+
+    calls = 0
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().forward(ids)
+
+
+def _stop_model() -> CountingBigram:
+    probs = torch.tensor([[0.1, 0.3, 0.3, 0.2, 0.1],
+                          [0.2, 0.1, 0.3, 0.3, 0.1],
+                          [0.3, 0.3, 0.1, 0.1, 0.2],
+                          [0.2, 0.2, 0.2, 0.2, 0.2],
+                          [0.2, 0.2, 0.2, 0.2, 0.2]], dtype=torch.float64)  # token 4 is "end"
+    return CountingBigram.from_probs(probs)
+
+
+def test_stream_yields_the_generate_tokens_one_step_at_a_time() -> None:
+    config = TransformerConfig.llama_style(vocab_size=13, d_model=16, n_layers=1, n_heads=2,
+                                           n_kv_heads=1, max_seq_len=24)
+    model = TransformerLM(config, generator=torch.Generator().manual_seed(0)).eval()
+    prompt = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    rules = dict(temperature=0.9, top_p=0.95, min_p=0.05, repetition_penalty=1.2)
+    steps = list(stream(model, prompt, 9, generator=torch.Generator().manual_seed(3), **rules))
+    assert len(steps) == 9 and all(s.shape == (2,) for s in steps)
+    full = generate(model, prompt, 9, generator=torch.Generator().manual_seed(3), **rules)
+    assert torch.equal(full, torch.cat([prompt, torch.stack(steps, 1)], 1))
+    uncached = generate(model, prompt, 9, generator=torch.Generator().manual_seed(3),
+                        use_cache=False, **rules)
+    assert torch.equal(full, uncached)
+    banned_repeats = generate(model, prompt, 9, temperature=0, no_repeat_ngram_size=1)
+    for row, start in zip(banned_repeats[:, 3:].tolist(), prompt.tolist(), strict=True):
+        assert len(set(row)) == 9 and not set(row) & set(start)  # n = 1: no token twice
+
+
+def test_stop_token_ends_a_single_row_at_once() -> None:
+    model = _stop_model()
+    prompt = torch.tensor([[0]])
+    free = generate(model, prompt, 40, generator=torch.Generator().manual_seed(2))[0, 1:].tolist()
+    first = free.index(4)  # seed 2 reaches the end token early, then goes on
+    assert 0 < first < 39
+    model.calls = 0
+    stopped = generate(model, prompt, 40, generator=torch.Generator().manual_seed(2), stop_ids=4)
+    assert stopped[0, 1:].tolist() == free[:first + 1]  # same draws, cut after the stop token
+    assert model.calls == first + 1  # prefill + one pass per token before it: none after it
+    assert torch.equal(generate(model, prompt, 40, generator=torch.Generator().manual_seed(2),
+                                stop_ids=[9, 4]), stopped)
+
+
+def test_stopped_rows_are_padded_and_others_go_on() -> None:
+    model = _stop_model()
+    prompt = torch.tensor([[0], [1], [2]])
+    free = generate(model, prompt, 30, generator=torch.Generator().manual_seed(5))[:, 1:]
+    out = generate(model, prompt, 30, generator=torch.Generator().manual_seed(5), stop_ids=4,
+                   pad_id=0)[:, 1:]
+    ends = [row.tolist().index(4) if 4 in row.tolist() else 29 for row in free]
+    assert out.shape == (3, max(ends) + 1)
+    for b, end in enumerate(ends):
+        assert out[b, :end + 1].tolist() == free[b, :end + 1].tolist()
+        assert bool((out[b, end + 1:] == 0).all())
+    assert len(set(ends)) > 1  # the rows did stop at different steps
+
+
+def test_stream_is_lazy_and_restores_training_mode() -> None:
+    model = _stop_model().train()
+    it = stream(model, torch.tensor([[1]]), 10, generator=torch.Generator().manual_seed(0))
+    assert model.calls == 0  # nothing runs before the first token is asked for
+    next(it), next(it)
+    assert model.calls == 2 and not model.training
+    it.close()  # the caller stops early
+    assert model.training
+
+
+def test_stream_errors_are_raised_at_the_call() -> None:
+    model = _stop_model()
+    two = torch.tensor([[0], [1]])
+    with pytest.raises(ValueError, match="pad_id is needed with stop_ids when B = 2"):
+        stream(model, two, 5, stop_ids=4)
+    with pytest.raises(ValueError, match="pad_id only pads rows that stopped"):
+        stream(model, two, 5, pad_id=0)
+    with pytest.raises(ValueError, match="stop_ids must be one or more token ids"):
+        stream(model, two, 5, stop_ids=[], pad_id=0)
+    with pytest.raises(TypeError, match="stop_ids must be an int or an iterable"):
+        stream(model, two, 5, stop_ids="4", pad_id=0)
+    with pytest.raises(ValueError, match="min_p must lie in"):
+        stream(model, two, 5, min_p=1.5)
+    with pytest.raises(ValueError, match="repetition penalty must be a positive"):
+        generate(model, two, 5, repetition_penalty=0.0)
+    lm = TransformerLM(TransformerConfig.gpt2_style(vocab_size=11, d_model=16, n_layers=1,
+                                                   n_heads=2, max_seq_len=8))
+    with pytest.raises(ValueError, match=r"pad_id must be a token id in \[0, 11\)"):
+        stream(lm, torch.tensor([[1], [2]]), 3, stop_ids=2, pad_id=11)
+    with pytest.raises(ValueError, match=r"previous_ids must lie in \[0, V=5\)"):
+        repetition_penalty(torch.zeros(1, 5), torch.tensor([[5]]), 1.2)
+    with pytest.raises(ValueError, match="leading shape of logits"):
+        repetition_penalty(torch.zeros(2, 5), torch.tensor([[1]]), 1.2)
+
+
+# ---------------------------------------------------------------- text in, text out
+
+
+class ByteTokenizer:
+    """One token per byte: multi-byte characters always span tokens."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(ids).decode(errors="replace")
+
+
+class ChunkTokenizer:
+    """Tokens are fixed byte chunks (a token may end, and begin, inside a character)."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    def decode(self, ids: list[int]) -> str:
+        return b"".join(self.chunks[i] for i in ids).decode(errors="replace")
+
+
+def test_sample_text_starts_with_the_prompt() -> None:
+    cfg = TransformerConfig.gpt2_style(vocab_size=256, d_model=16, n_layers=1, n_heads=2,
+                                       max_seq_len=16)
+    model = TransformerLM(cfg, generator=torch.Generator().manual_seed(0))
+    text = sample_text(model, ByteTokenizer(), "abc", 5, temperature=0)
+    ids = generate(model, torch.tensor([list(b"abc")]), 5, temperature=0)
+    assert text == ByteTokenizer().decode(ids[0].tolist()) and text.startswith("abc")
+    with pytest.raises(ValueError, match="prompt must encode"):
+        sample_text(model, ByteTokenizer(), "", 5)
+
+
+def test_incremental_decoder_emits_whole_characters() -> None:
+    text = "héllo, 海 🌊!"
+    decoder = IncrementalDecoder(ByteTokenizer())
+    pieces = [decoder.push(b) for b in text.encode()] + [decoder.flush()]
+    assert "".join(pieces) == text
+    assert [p for p in pieces if p] == list(text)  # one character at a time, each whole
+    assert pieces[text.encode().index("🌊".encode()):][:4] == ["", "", "", "🌊"]
+    broken = IncrementalDecoder(ByteTokenizer())  # a stray lead byte stays U+FFFD at the end
+    assert [broken.push(b) for b in b"a\xe6"] == ["a", ""] and broken.flush() == "\ufffd"
+    assert broken.push(torch.tensor(98)) == "b"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=30).filter(lambda s: "\ufffd" not in s), st.integers(1, 5))
+def test_incremental_decoder_joins_to_the_full_decode(text: str, size: int) -> None:
+    data = text.encode()
+    chunks = [data[i:i + size] for i in range(0, len(data), size)]  # cut across characters
+    tokenizer = ChunkTokenizer(chunks)
+    decoder = IncrementalDecoder(tokenizer)
+    pieces = [decoder.push(i) for i in range(len(chunks))] + [decoder.flush()]
+    assert "".join(pieces) == text == tokenizer.decode(list(range(len(chunks))))
+    assert not any("\ufffd" in p for p in pieces)

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 from solution_loader import load_solutions
+from transformers.generation.logits_process import TypicalLogitsWarper
 
 from llmbook.inference.sampling import top_p_filter
 
@@ -13,17 +14,24 @@ solutions = load_solutions("12_decoding")
 Z = torch.tensor([-0.336, 0.261, 0.260, -0.004, 0.341], dtype=torch.float64)
 
 
-def test_min_p_filter() -> None:
-    kept = torch.isfinite(solutions.min_p_filter(Z, 0.8))
-    # p / p_max = exp(z - 0.341) >= 0.8  <=>  z >= 0.341 + log 0.8 = 0.118
-    assert kept.tolist() == [False, True, True, False, True]
-    assert torch.equal(torch.isfinite(solutions.min_p_filter(Z + 7.0, 0.8)), kept)
-    n_cold = int(torch.isfinite(solutions.min_p_filter(Z / 0.1, 0.8)).sum())
-    assert n_cold == 1  # temperature changes the set
-    # top-p on shifted logits also unchanged; both rules ignore shifts
-    assert torch.equal(torch.isfinite(top_p_filter(Z + 7.0, 0.75)), torch.isfinite(top_p_filter(Z, 0.75)))
-    with pytest.raises(ValueError, match="p_min"):
-        solutions.min_p_filter(Z, 0.0)
+def test_typical_filter() -> None:
+    # surprisal - H: |2.079 - 1.583| = 0.496, 0.101, 0.100, 0.164, 0.181 for tokens 0..4;
+    # in that order 2, 1, 3 hold 0.2270 + 0.2273 + 0.1744 >= 0.5: the favourite 4 is dropped
+    kept = torch.isfinite(solutions.typical_filter(Z, 0.5))
+    assert kept.tolist() == [False, True, True, True, False]
+    assert torch.isfinite(top_p_filter(Z, 0.5)).tolist() == [False, True, True, False, True]
+    assert torch.isfinite(solutions.typical_filter(Z, 0.2)).tolist() == [False, False, True, False, False]
+    assert bool(torch.isfinite(solutions.typical_filter(Z, 1.0)).all())
+    with pytest.raises(ValueError, match="mass"):
+        solutions.typical_filter(Z, 0.0)
+
+
+def test_typical_filter_is_transformers_typical_warper() -> None:
+    g = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        z = torch.randn(3, 5 + trial, generator=g, dtype=torch.float64) * (0.5 + trial / 10)
+        for mass in (0.3, 0.6, 0.9):
+            assert torch.equal(solutions.typical_filter(z, mass), TypicalLogitsWarper(mass)(None, z))
 
 
 def test_temperature_for_entropy() -> None:

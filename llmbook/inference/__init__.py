@@ -2,21 +2,34 @@
 
 Chapter → module → what it defines:
 
-* 12 Decoding → :mod:`~llmbook.inference.sampling`: ``apply_temperature``, top-k and
-  top-p filters, ``generate``, ``beam_search``, ``speculative_generate`` (with KV caches
-  for target and draft), ``early_exit_draft``;
-  :mod:`~llmbook.inference.kvcache`: ``KVCache`` (it implements the model's
-  ``AttentionCache`` interface) and ``kv_cache_bytes``.
+* 12 Decoding → :mod:`~llmbook.inference.sampling`: ``apply_temperature``, the top-k,
+  top-p and min-p filters, ``repetition_penalty``, ``no_repeat_ngram_filter``,
+  ``process_logits`` (all of them in Hugging Face's order), ``sample_categorical``,
+  ``sample_next``, ``stream`` and ``generate`` (stop tokens, streaming), ``sample_text``,
+  ``IncrementalDecoder`` (streamed ids to whole characters), ``repeated_ngram_fraction``,
+  ``beam_search``, ``speculative_generate`` (with KV caches for target and draft),
+  ``early_exit_draft``; :mod:`~llmbook.inference.kvcache`: ``KVCache`` (it implements the
+  model's ``AttentionCache`` interface) and ``kv_cache_bytes``.
 * 13 The KV cache and attention variants → :mod:`~llmbook.inference.attention_variants`:
   ``MultiHeadLatentAttention`` with weight absorption and decoupled RoPE (its MQA form,
   and ``deepseek_v3_attention``, the Hugging Face peer), ``RollingKVCache`` for a sliding
-  window, decode FLOPs.
+  window, decode FLOPs; :mod:`~llmbook.inference.fast_decode`: decoding a real model fast,
+  ``Int4Linear`` (GGUF Q4_1 codes on PyTorch's int4 kernel), ``Int8Linear``,
+  ``quantize_for_decode``, ``StaticKVCache``, ``decode_step`` and its compiled form, and
+  the roofline's measurements (``stream_bandwidth``, ``decode_bytes_per_token``,
+  ``profile_decode_step``).
 * 14 FlashAttention → :mod:`~llmbook.inference.flash`: the online-softmax merge rule,
   ``flash_attention_reference`` (forward and backward, tiled) and the memory model;
   :mod:`~llmbook.inference.flash_triton`: the Triton kernels.
 * 15 Quantisation → :mod:`~llmbook.inference.quant`: absmax, zero-point and NF4
   quantisation, ``int8_matmul``, ``QuantLinear``; :mod:`~llmbook.inference.gptq`:
-  ``gptq_quantize``, ``awq_scale_search``, ``quantize_model``.
+  ``gptq_quantize``, ``awq_scale_search``, ``quantize_model``; GGUF, the file format of
+  ggml and llama.cpp: :mod:`~llmbook.inference.gguf_file` (``read_gguf``),
+  :mod:`~llmbook.inference.ggml_quants` (``dequantize`` and ``quantize`` for its block
+  formats, bits per weight derived), :mod:`~llmbook.inference.ggml_kquants` (the Q4_K, Q5_K
+  and Q6_K encoders, llama.cpp's Q4_K_M mixture), and :mod:`~llmbook.inference.gguf`
+  (``load_model``: the real model, SmolLM2-135M-Instruct, as the book's ``TransformerLM``
+  with its tokenizer; read in chapters 1, 4, 7, 12 and 13 as well).
 
 Imports Parts I–III and the shared helpers, never a later part.
 """

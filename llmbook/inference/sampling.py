@@ -6,9 +6,14 @@ token; a decoding rule picks the token. The rules here:
 * greedy: argmax z (``temperature=0`` in :func:`generate` and :func:`sample_next`);
 * sampling from softmax(z / T) (:func:`apply_temperature`), optionally restricted to the
   k most likely tokens (:func:`top_k_filter`; Fan, Lewis & Dauphin, 2018, "Hierarchical
-  Neural Story Generation") or to the nucleus, the smallest set of most likely tokens
+  Neural Story Generation"), to the nucleus, the smallest set of most likely tokens
   whose probability reaches p (:func:`top_p_filter`; Holtzman et al., 2020, "The Curious
-  Case of Neural Text Degeneration");
+  Case of Neural Text Degeneration"), or to the tokens at least min_p times as likely as
+  the most likely one (:func:`min_p_filter`; Nguyen et al., 2024, "Turning Up the Heat:
+  Min-p Sampling for Creative and Coherent LLM Outputs");
+* rules that look at the history: CTRL's repetition penalty (:func:`repetition_penalty`;
+  Keskar et al., 2019) and a ban on repeating an n-gram (:func:`no_repeat_ngram_filter`);
+  :func:`process_logits` chains all of them in Hugging Face's order;
 * beam search (:func:`beam_search`), which keeps the ``num_beams`` most likely prefixes;
 * speculative sampling (:func:`speculative_generate`; Leviathan, Kalman & Matias, 2023,
   "Fast Inference from Transformers via Speculative Decoding"; Chen et al., 2023,
@@ -16,17 +21,23 @@ token; a decoding rule picks the token. The rules here:
   model q proposes gamma tokens, the target p checks them in one forward pass, and an
   accept/reject rule makes the output tokens *exactly* p-distributed.
 
-:func:`generate` uses the KV cache of :mod:`llmbook.inference.kvcache` for a
-:class:`~llmbook.transformer.model.TransformerLM`. :class:`BigramLM` is a hand-made model (next-token
-logits from a table indexed by the last token) for worked examples, and
-:func:`chi_square_test` the goodness-of-fit test the chapter uses to check a sampler.
+:func:`stream` yields the tokens of a :class:`~llmbook.transformer.model.TransformerLM` one
+step at a time, with the KV cache of :mod:`llmbook.inference.kvcache` and optional stop
+tokens; :func:`generate` collects them, :func:`sample_text` works on text, and
+:class:`IncrementalDecoder` turns streamed ids into text that never splits a character.
+:func:`repeated_ngram_fraction` measures how much a text repeats itself. :class:`BigramLM`
+is a hand-made model (next-token logits from a table indexed by the last token) for worked
+examples, and :func:`chi_square_test` the goodness-of-fit test the chapter uses to check a
+sampler.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -37,6 +48,7 @@ from llmbook.transformer.model import TransformerLM
 __all__ = [
     "BigramLM",
     "Hypothesis",
+    "IncrementalDecoder",
     "SpeculativeStats",
     "apply_temperature",
     "beam_search",
@@ -45,11 +57,19 @@ __all__ = [
     "early_exit_draft",
     "expected_tokens_per_step",
     "generate",
+    "min_p_filter",
+    "no_repeat_ngram_filter",
+    "process_logits",
+    "repeated_ngram_fraction",
+    "repetition_penalty",
     "residual_distribution",
+    "sample_categorical",
     "sample_next",
+    "sample_text",
     "sequence_log_prob",
     "speculative_generate",
     "speculative_sample",
+    "stream",
     "top_k_filter",
     "top_p_filter",
 ]
@@ -92,6 +112,23 @@ def _check_top_p(p: object) -> float:
     return float(p)
 
 
+def _check_min_p(p: object) -> float:
+    if isinstance(p, bool) or not isinstance(p, int | float):
+        raise TypeError(f"min_p must be a number, got {p!r}")
+    if not 0 <= p <= 1:
+        raise ValueError(f"min_p must lie in [0, 1], got min_p={p}")
+    return float(p)
+
+
+def _check_penalty(penalty: object) -> float:
+    if isinstance(penalty, bool) or not isinstance(penalty, int | float):
+        raise TypeError(f"repetition penalty must be a number, got {penalty!r}")
+    if not (math.isfinite(penalty) and penalty > 0):
+        raise ValueError(f"repetition penalty must be a positive finite number (1 = none), "
+                         f"got penalty={penalty}")
+    return float(penalty)
+
+
 def _check_ids(ids: object, name: str = "prompt_ids") -> Tensor:
     if not isinstance(ids, Tensor) or ids.dtype not in (torch.int64, torch.int32):
         what = ids.dtype if isinstance(ids, Tensor) else type(ids).__name__
@@ -99,6 +136,21 @@ def _check_ids(ids: object, name: str = "prompt_ids") -> Tensor:
     if ids.ndim != 2 or ids.shape[1] == 0:
         raise ValueError(f"{name} must have shape (B, T) with T >= 1, got {tuple(ids.shape)}")
     return ids.long()
+
+
+def _check_history(previous_ids: object, logits: Tensor) -> Tensor:
+    """previous_ids (..., T) of integer ids in [0, V) for logits (..., V); T may be 0."""
+    if not isinstance(previous_ids, Tensor) or previous_ids.dtype not in (torch.int64, torch.int32):
+        what = previous_ids.dtype if isinstance(previous_ids, Tensor) else type(previous_ids).__name__
+        raise TypeError(f"previous_ids must be an integer tensor of token ids, got {what}")
+    if previous_ids.shape[:-1] != logits.shape[:-1] or previous_ids.ndim != logits.ndim:
+        raise ValueError(f"previous_ids must have shape (..., T) with the leading shape of logits "
+                         f"{tuple(logits.shape)}, got {tuple(previous_ids.shape)}")
+    V = logits.shape[-1]
+    if previous_ids.numel() and not (0 <= int(previous_ids.min()) and int(previous_ids.max()) < V):
+        raise ValueError(f"previous_ids must lie in [0, V={V}), got values from "
+                         f"{int(previous_ids.min())} to {int(previous_ids.max())}")
+    return previous_ids.long()
 
 
 def _check_count(name: str, value: object, minimum: int) -> int:
@@ -152,15 +204,16 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     whose probability sums to at least p; set the rest to -inf. (..., V) -> (..., V).
 
     Sorting the probabilities p_(1) >= p_(2) >= ..., token (i) is kept when the mass before
-    it, p_(1) + ... + p_(i-1), is below p: that is the shortest prefix reaching p. The most
-    likely token is always kept; ties are ordered by token index (a stable sort); p = 1
-    keeps everything.
+    it, p_(1) + ... + p_(i-1), is below p: that is the shortest prefix reaching p. The
+    probabilities and their running sum are computed in float64, so the set is the exact
+    rule's unless a running sum lies within float64 round-off of p. The most likely token
+    is always kept; ties are ordered by token index (a stable sort); p = 1 keeps everything.
     """
     logits = _check_logits(logits)
     p = _check_top_p(p)
     if p == 1.0:
         return logits.clone()
-    probs = torch.softmax(logits, dim=-1)  # (..., V)
+    probs = torch.softmax(logits.double(), dim=-1)  # (..., V)
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # (..., V)
     keep_sorted = mass_before < p
@@ -169,76 +222,383 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     return logits.masked_fill(~keep, float("-inf"))
 
 
-def sample_next(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
-                top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
-    """Draw the next token of each row of ``logits`` (B, V) -> (B,) long.
+def min_p_filter(logits: Tensor, min_p: float) -> Tensor:
+    """Min-p filtering (Nguyen et al., 2024, "Turning Up the Heat: Min-p Sampling for Creative
+    and Coherent LLM Outputs"): keep the tokens with p(x) >= min_p * max_y p(y) and set the
+    rest to -inf. (..., V) -> (..., V).
 
-    ``temperature == 0`` is greedy decoding: the arg max (the lowest index among ties), and
-    ``top_k``/``top_p`` are then irrelevant. Otherwise the logits are divided by the
-    temperature, filtered by top-k and then top-p (the order Hugging Face uses), and a token
-    is drawn from the softmax with ``generator``.
+    The cut is relative to the most likely token: strict when the model is sure, lenient
+    when it is not. Since p(x) / max p = exp(z_x - max z), the rule is
+    z_x - max z >= log(min_p), tested in float64 on the logits (no softmax needed). After a
+    temperature T the cut on the raw logits is max z + T log(min_p): unlike top-k, min-p
+    depends on T. The most likely token is always kept; min_p = 0 keeps everything.
     """
     logits = _check_logits(logits)
-    if logits.ndim != 2:
-        raise ValueError(f"logits must have shape (B, V), got {tuple(logits.shape)}")
+    min_p = _check_min_p(min_p)
+    if min_p == 0:
+        return logits.clone()
+    z = logits.double()
+    keep = z - z.amax(dim=-1, keepdim=True) >= math.log(min_p)  # (..., V)
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+def repetition_penalty(logits: Tensor, previous_ids: Tensor, penalty: float) -> Tensor:
+    """CTRL's repetition penalty (Keskar et al., 2019, "CTRL: A Conditional Transformer
+    Language Model for Controllable Generation", section 4.1). logits (..., V) and
+    previous_ids (..., T) -> (..., V).
+
+    Every token that occurs in ``previous_ids`` (once or many times: the penalty is applied
+    once) has its logit z divided by ``penalty`` if z > 0 and multiplied by it if z < 0, so
+    a penalty theta > 1 always lowers a seen token's logit and theta < 1 raises it. (The
+    paper divides every seen logit by theta, which would *raise* a negative one; the
+    sign-aware form is the one Hugging Face and llama.cpp implement.) Since z / T keeps the
+    sign of z, penalising before or after a temperature T > 0 gives the same logits.
+    Keskar et al. suggest theta = 1.2.
+    """
+    logits = _check_logits(logits)
+    penalty = _check_penalty(penalty)
+    ids = _check_history(previous_ids, logits)
+    seen = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, ids, True)  # (..., V)
+    penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen, penalised, logits)
+
+
+_penalise_repeats = repetition_penalty  # the name stays usable where a parameter shadows it
+
+
+def no_repeat_ngram_filter(logits: Tensor, previous_ids: Tensor, n: int) -> Tensor:
+    """Forbid any n-gram from occurring twice: a token that would complete an n-gram already
+    present in ``previous_ids`` gets -inf. logits (..., V), previous_ids (..., T) -> (..., V).
+
+    The rule of Paulus, Xiong & Socher (2018, "A Deep Reinforced Model for Abstractive
+    Summarization"), who never let beam search output the same trigram twice; it is
+    ``no_repeat_ngram_size`` in fairseq and Hugging Face. The last n - 1 tokens of the
+    history begin the n-gram being written; each earlier occurrence of them bans the token
+    that followed it. n = 1 bans every token seen; a history shorter than n bans nothing.
+    Unlike the repetition penalty it is a hard constraint, and with a small n it also bans
+    repeats that language needs ("of the" twice in a paragraph).
+    """
+    logits = _check_logits(logits)
+    n = _check_count("no_repeat_ngram_size", n, 1)
+    ids = _check_history(previous_ids, logits)
+    T, V = ids.shape[-1], logits.shape[-1]
+    if T < n:
+        return logits.clone()
+    rows = ids.reshape(-1, T)  # (R, T): one history per row of logits
+    windows = rows.unfold(1, n, 1)  # (R, T - n + 1, n): every n-gram of the history
+    prefix = rows[:, T - n + 1:]  # (R, n - 1): the start of the n-gram being written
+    matches = (windows[..., :-1] == prefix[:, None]).all(dim=-1)  # (R, T - n + 1)
+    banned = torch.zeros(rows.shape[0], V, dtype=torch.bool, device=logits.device)
+    for r in range(rows.shape[0]):
+        banned[r, windows[r, matches[r], -1]] = True  # the tokens that completed them
+    return logits.masked_fill(banned.view(logits.shape), float("-inf"))
+
+
+def process_logits(logits: Tensor, previous_ids: Tensor | None = None, *,
+                   temperature: float = 1.0, top_k: int | None = None,
+                   top_p: float | None = None, min_p: float | None = None,
+                   repetition_penalty: float = 1.0,
+                   no_repeat_ngram_size: int | None = None) -> Tensor:
+    """Every rule of this module, in the order Hugging Face's ``generate`` applies them:
+    (..., V) -> (..., V).
+
+    First the rules that read the history ``previous_ids`` (..., T) (the prompt and the
+    tokens generated so far): :func:`repetition_penalty` (1 = none) and
+    :func:`no_repeat_ngram_filter`. They act on the model's own logits, and also in greedy
+    decoding. Then the sampling rules: :func:`apply_temperature`, :func:`top_k_filter`,
+    :func:`top_p_filter` (on the distribution top-k left) and :func:`min_p_filter` (after
+    the temperature, which moves its cut). ``temperature == 0`` means greedy decoding: only
+    the history rules apply, since every truncation rule keeps the arg max anyway.
+    """
+    logits = _check_logits(logits)
     temperature = _check_temperature(temperature, allow_zero=True)
-    if top_k is not None:
-        _check_top_k(top_k)
-    if top_p is not None:
-        _check_top_p(top_p)
+    penalty = _check_penalty(repetition_penalty)
+    if (penalty != 1.0 or no_repeat_ngram_size is not None) and previous_ids is None:
+        raise ValueError("repetition_penalty and no_repeat_ngram_size need previous_ids, "
+                         "the tokens of the context so far")
+    for check, value in ((_check_top_k, top_k), (_check_top_p, top_p), (_check_min_p, min_p)):
+        if value is not None:
+            check(value)
+    z = logits
+    if penalty != 1.0:
+        z = _penalise_repeats(z, previous_ids, penalty)
+    if no_repeat_ngram_size is not None:
+        z = no_repeat_ngram_filter(z, previous_ids, no_repeat_ngram_size)
     if temperature == 0:
-        return logits.argmax(dim=-1)  # (B,)
-    z = apply_temperature(logits, temperature)
+        return z
+    z = apply_temperature(z, temperature)
     if top_k is not None:
         z = top_k_filter(z, top_k)
     if top_p is not None:
         z = top_p_filter(z, top_p)
+    if min_p is not None:
+        z = min_p_filter(z, min_p)
+    return z
+
+
+def sample_categorical(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One draw from each row of ``probs`` (..., V) -> (...,) long, by an exponential race.
+
+    Every token gets an independent clock E_i ~ Exp(1) and the largest p_i / E_i wins.
+    E_i / p_i is exponential with rate p_i, and the first of independent exponential clocks
+    to ring is clock i with probability p_i / sum_j p_j: the draw follows ``probs``
+    (normalised or not). Since -log E_i is a standard Gumbel variable, this is the
+    Gumbel-max trick, argmax (log p_i + G_i). It is also how ``torch.multinomial(probs, 1)``
+    draws a single sample on the CPU, so with the same ``generator`` both give the same
+    tokens (a test checks it). Zero-probability tokens never win.
+    """
+    if not isinstance(probs, Tensor) or not probs.is_floating_point() or probs.ndim < 1:
+        raise TypeError(f"probs must be a floating-point tensor (..., V), got "
+                        f"{probs.dtype if isinstance(probs, Tensor) else type(probs).__name__}")
+    if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()) \
+            or not bool((probs.sum(dim=-1) > 0).all()):
+        raise ValueError("probs must be finite, non-negative, with a positive sum in every row")
+    clocks = torch.empty_like(probs).exponential_(1, generator=generator)  # (..., V)
+    return (probs / clocks).argmax(dim=-1)
+
+
+def sample_next(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None, *,
+                min_p: float | None = None, repetition_penalty: float = 1.0,
+                no_repeat_ngram_size: int | None = None,
+                previous_ids: Tensor | None = None) -> Tensor:
+    """Draw the next token of each row of ``logits`` (B, V) -> (B,) long.
+
+    The logits go through :func:`process_logits` (history rules, then temperature, top-k,
+    top-p, min-p; ``previous_ids`` (B, T) is the history). ``temperature == 0`` is greedy
+    decoding: the arg max (the lowest index among ties) of the penalised logits. Otherwise
+    a token is drawn from the softmax, in float64, with :func:`sample_categorical` and
+    ``generator``.
+    """
+    logits = _check_logits(logits)
+    if logits.ndim != 2:
+        raise ValueError(f"logits must have shape (B, V), got {tuple(logits.shape)}")
+    z = process_logits(logits, previous_ids, temperature=temperature, top_k=top_k, top_p=top_p,
+                       min_p=min_p, repetition_penalty=repetition_penalty,
+                       no_repeat_ngram_size=no_repeat_ngram_size)
+    if temperature == 0:
+        return z.argmax(dim=-1)  # (B,)
     probs = torch.softmax(z.double(), dim=-1)  # (B, V)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
+    return sample_categorical(probs, generator)  # (B,)
 
 
 # ---------------------------------------------------------------- generation
 
 
-@torch.no_grad()
-def generate(model: nn.Module, prompt_ids: Tensor, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
-             generator: torch.Generator | None = None) -> Tensor:
-    """Append ``max_new_tokens`` tokens to ``prompt_ids`` (B, T) -> (B, T + max_new_tokens).
+def _check_stop(stop_ids: object, pad_id: object, batch: int,
+                vocab_size: int | None) -> tuple[Tensor | None, int | None]:
+    if stop_ids is None:
+        if pad_id is not None:
+            raise ValueError("pad_id only pads rows that stopped: give stop_ids too")
+        return None, None
+    stops = [stop_ids] if isinstance(stop_ids, int) else stop_ids
+    if not isinstance(stops, Iterable) or isinstance(stops, str | bytes):
+        raise TypeError(f"stop_ids must be an int or an iterable of ints, got {stop_ids!r}")
+    stops = list(stops)
+    if not stops or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in stops):
+        raise ValueError(f"stop_ids must be one or more token ids >= 0, got {stop_ids!r}")
+    if pad_id is None and batch > 1:
+        raise ValueError(f"pad_id is needed with stop_ids when B = {batch} > 1: rows that "
+                         "stopped are padded with it until every row has stopped")
+    if pad_id is not None:
+        if isinstance(pad_id, bool) or not isinstance(pad_id, int):
+            raise TypeError(f"pad_id must be an int, got {pad_id!r}")
+        if pad_id < 0 or (vocab_size is not None and pad_id >= vocab_size):
+            raise ValueError(f"pad_id must be a token id in [0, {vocab_size}), got {pad_id}")
+    return torch.tensor(stops, dtype=torch.long), pad_id
 
-    Each token is drawn by :func:`sample_next` (``temperature=0``: greedy). The whole
-    sequence must fit in the model's context: T + max_new_tokens <= max_seq_len (there is
-    no sliding window, so cached and uncached decoding see exactly the same context). With
-    ``use_cache`` and a :class:`~llmbook.transformer.model.TransformerLM`, the prompt is run once
-    (the *prefill*) into a :class:`~llmbook.inference.kvcache.KVCache` and every later step runs the
-    model on the one new token; otherwise (or for any other model ``ids -> logits``) each
-    step recomputes the whole sequence. Both give the same tokens.
+
+def stream(model: nn.Module, prompt_ids: Tensor, max_new_tokens: int, temperature: float = 1.0,
+           top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
+           generator: torch.Generator | None = None, *, min_p: float | None = None,
+           repetition_penalty: float = 1.0, no_repeat_ngram_size: int | None = None,
+           stop_ids: int | Iterable[int] | None = None,
+           pad_id: int | None = None) -> Iterator[Tensor]:
+    """Generate token by token: an iterator over the new tokens, one (B,) long tensor per step.
+
+    ``prompt_ids`` (B, T). Each step draws a token for every row with :func:`sample_next`
+    (the rules of :func:`process_logits`; the history is the prompt plus the tokens so far;
+    ``temperature=0`` is greedy) and yields it before the model runs again, so a caller can
+    print it at once (with :class:`IncrementalDecoder`) or stop early. With ``stop_ids``
+    (one id or several) a row stops once it has emitted one of them, the stop token
+    included; the iteration ends when every row has stopped or after ``max_new_tokens``
+    steps. Rows that stopped are filled with ``pad_id`` (needed when B > 1). The rows' random
+    draws do not depend on when other rows stop.
+
+    T + max_new_tokens must fit in the model's context (max_seq_len): there is no sliding
+    window. With ``use_cache`` and a :class:`~llmbook.transformer.model.TransformerLM`, the
+    prompt runs once (the *prefill*) into a :class:`~llmbook.inference.kvcache.KVCache` and
+    every later step runs the one new token; otherwise (or for any other model
+    ``ids -> logits``) each step recomputes the whole sequence. Both give the same tokens.
+    The arguments are checked when ``stream`` is called, not at the first step.
     """
     ids = _check_ids(prompt_ids)
     max_new_tokens = _check_count("max_new_tokens", max_new_tokens, 0)
     _check_temperature(temperature, allow_zero=True)
+    _check_penalty(repetition_penalty)
+    for check, value in ((_check_top_k, top_k), (_check_top_p, top_p), (_check_min_p, min_p)):
+        if value is not None:
+            check(value)
+    if no_repeat_ngram_size is not None:
+        _check_count("no_repeat_ngram_size", no_repeat_ngram_size, 1)
     B, T0 = ids.shape
+    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+    stops, pad = _check_stop(stop_ids, pad_id, B, vocab_size)
     _check_fits(model, T0, "the prompt")
     _check_fits(model, T0 + max_new_tokens, "prompt + max_new_tokens")
+    rules = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                 repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+    return _steps(model, ids, max_new_tokens, use_cache, generator, rules, stops, pad)
+
+
+@torch.no_grad()
+def _steps(model: nn.Module, ids: Tensor, max_new_tokens: int, use_cache: bool,
+           generator: torch.Generator | None, rules: dict[str, Any], stops: Tensor | None,
+           pad: int | None) -> Iterator[Tensor]:
+    """The loop of :func:`stream` (arguments already checked)."""
     if max_new_tokens == 0:
-        return ids.clone()
+        return
     was_training = model.training
     model.eval()
-    cache = KVCache.for_model(model, B, T0 + max_new_tokens) \
-        if use_cache and isinstance(model, TransformerLM) else None
-    logits = (model(ids, cache=cache) if cache is not None else model(ids))[:, -1]  # (B, V)
-    out = [ids]
-    for step in range(max_new_tokens):
-        nxt = sample_next(logits, temperature, top_k, top_p, generator)[:, None]  # (B, 1)
-        out.append(nxt)
-        if step == max_new_tokens - 1:
-            break
-        if cache is not None:
-            logits = model(nxt, cache=cache)[:, -1]  # only the new token: (B, V)
-        else:
-            logits = model(torch.cat(out, dim=1))[:, -1]  # the whole sequence again
-    model.train(was_training)
-    return torch.cat(out, dim=1)  # (B, T0 + max_new_tokens)
+    try:
+        B, T0 = ids.shape
+        cache = KVCache.for_model(model, B, T0 + max_new_tokens) \
+            if use_cache and isinstance(model, TransformerLM) else None
+        logits = (model(ids, cache=cache) if cache is not None else model(ids))[:, -1]  # (B, V)
+        done = torch.zeros(B, dtype=torch.bool)
+        for step in range(max_new_tokens):
+            nxt = sample_next(logits, generator=generator, previous_ids=ids, **rules)  # (B,)
+            if stops is not None:
+                if pad is not None:
+                    nxt = torch.where(done, pad, nxt)
+                done = done | torch.isin(nxt, stops)
+            ids = torch.cat([ids, nxt[:, None]], dim=1)  # (B, T0 + step + 1)
+            yield nxt
+            if step == max_new_tokens - 1 or bool(done.all()):
+                return
+            if cache is not None:
+                logits = model(nxt[:, None], cache=cache)[:, -1]  # only the new token: (B, V)
+            else:
+                logits = model(ids)[:, -1]  # the whole sequence again
+    finally:
+        model.train(was_training)
+
+
+def generate(model: nn.Module, prompt_ids: Tensor, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
+             generator: torch.Generator | None = None, *, min_p: float | None = None,
+             repetition_penalty: float = 1.0, no_repeat_ngram_size: int | None = None,
+             stop_ids: int | Iterable[int] | None = None, pad_id: int | None = None) -> Tensor:
+    """The prompt and its continuation: ``prompt_ids`` (B, T) -> (B, T + n).
+
+    Collects :func:`stream` (same arguments): n = ``max_new_tokens``, or fewer with
+    ``stop_ids``, when every row has stopped earlier (then each row ends with its stop token
+    and, for rows that stopped before the last step, ``pad_id`` after it). With B = 1 the
+    result ends at the first stop token.
+    """
+    ids = _check_ids(prompt_ids)
+    steps = list(stream(model, ids, max_new_tokens, temperature, top_k, top_p, use_cache,
+                        generator, min_p=min_p, repetition_penalty=repetition_penalty,
+                        no_repeat_ngram_size=no_repeat_ngram_size, stop_ids=stop_ids,
+                        pad_id=pad_id))
+    if not steps:
+        return ids.clone()
+    return torch.cat([ids, torch.stack(steps, dim=1)], dim=1)  # (B, T + n)
+
+
+def sample_text(model: nn.Module, tokenizer: Any, prompt: str, max_new_tokens: int = 60,
+                temperature: float = 1.0, top_k: int | None = None,
+                generator: torch.Generator | None = None, *, top_p: float | None = None,
+                min_p: float | None = None, repetition_penalty: float = 1.0,
+                stop_ids: int | Iterable[int] | None = None) -> str:
+    """The prompt followed by up to ``max_new_tokens`` tokens from :func:`generate`, as text.
+
+    ``tokenizer`` is anything with ``encode(str) -> list[int]`` and ``decode(list[int]) -> str``
+    (the book's :class:`~llmbook.text.tokenizer.BPETokenizer`, the real model's chat
+    tokenizer); the prompt must encode to at least one token.
+    """
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+    ids = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long)  # (1, T)
+    if ids.shape[1] == 0:
+        raise ValueError("prompt must encode to at least one token")
+    out = generate(model, ids, max_new_tokens, temperature, top_k, top_p, generator=generator,
+                   min_p=min_p, repetition_penalty=repetition_penalty, stop_ids=stop_ids)
+    return tokenizer.decode(out[0].tolist())
+
+
+class IncrementalDecoder:
+    """Text from a stream of token ids, one whole character at a time.
+
+    Byte-level BPE may split a multi-byte UTF-8 character (é is 2 bytes, 海 3, 🌊 4) across
+    tokens, and decoding such a token alone gives U+FFFD, the replacement character.
+    :meth:`push` appends a token and returns the text it completes: it decodes the ids not
+    yet shown (after a little context, for tokenizers whose decoding depends on the text
+    before) and returns the new text only once it no longer ends in U+FFFD; until then it
+    returns "". :meth:`flush` returns what is left at the end. Everything returned, joined,
+    equals ``tokenizer.decode(ids)``, provided the tokenizer's ``decode`` turns invalid
+    UTF-8 into U+FFFD (``errors="replace"``, as the book's tokenizers and Hugging Face's do).
+    The approach is vLLM's incremental detokenizer in miniature.
+    """
+
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = False) -> None:
+        if not callable(getattr(tokenizer, "decode", None)):
+            raise TypeError(f"tokenizer must have a decode method, got {type(tokenizer).__name__}")
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = bool(skip_special_tokens)
+        self._ids: list[int] = []
+        self._context = 0  # ids[_context:_shown] were shown last: context for decoding
+        self._shown = 0  # ids[:_shown] are shown
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        if self.skip_special_tokens:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return self.tokenizer.decode(list(ids))
+
+    def _new_text(self, final: bool) -> str:
+        before = self._decode(self._ids[self._context:self._shown])
+        text = self._decode(self._ids[self._context:])
+        new = text[len(before):]
+        if not new or (new.endswith("\ufffd") and not final):
+            return ""  # nothing yet, or a character still incomplete
+        self._ids = self._ids[self._shown:]  # keep the ids shown last as context
+        self._context, self._shown = 0, len(self._ids)
+        return new
+
+    def push(self, token_id: int | Tensor) -> str:
+        """Add one token id; return the text it completes ("" while a character is open)."""
+        if isinstance(token_id, Tensor):
+            if token_id.numel() != 1:
+                raise ValueError(f"push takes one token id, got a tensor of shape "
+                                 f"{tuple(token_id.shape)}")
+            token_id = int(token_id.item())
+        if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
+            raise ValueError(f"token_id must be an int >= 0, got {token_id!r}")
+        self._ids.append(token_id)
+        return self._new_text(final=False)
+
+    def flush(self) -> str:
+        """The text not yet returned, incomplete characters included (as U+FFFD)."""
+        return self._new_text(final=True)
+
+
+def repeated_ngram_fraction(ids: Sequence[int] | Tensor, n: int) -> float:
+    """The fraction of the n-grams of ``ids`` that repeat an earlier one: 1 - distinct / total.
+
+    Welleck et al. (2020, "Neural Text Generation with Unlikelihood Training") call it
+    seq-rep-n and measure it on generated continuations. 0 means no n-gram repeats; a text
+    stuck in a loop of length L has, after m loops, about 1 - 1/m of its n-grams repeated
+    (for n <= L), so the fraction tends to 1. A sequence shorter than n has no n-grams:
+    the fraction is 0.
+    """
+    n = _check_count("n", n, 1)
+    if isinstance(ids, Tensor):
+        if ids.ndim != 1:
+            raise ValueError(f"ids must be one sequence (T,), got shape {tuple(ids.shape)}")
+        ids = ids.tolist()
+    tokens = list(ids)
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    return 0.0 if not grams else 1.0 - len(set(grams)) / len(grams)
 
 
 class BigramLM(nn.Module):

@@ -12,7 +12,7 @@ Chapter → module → what it defines:
   ``TrainConfig``, ``train_step``, ``evaluate``, ``train``;
   :mod:`~llmbook.training.checkpoint`: atomic saves and safe loads;
   :mod:`~llmbook.training.pretrained`: the book's shipped models (``book_model``,
-  ``RECIPES``, ``sample_text``);
+  ``RECIPES``);
   :mod:`~llmbook.training.memory`: float formats, master weights, loss scaling, the bytes
   of a training step and of its saved activations (``float_format_symbolic``,
   ``MasterWeightOptimizer``, ``DynamicLossScaler``, ``training_state_bytes``,

@@ -28,8 +28,8 @@ output downstream of it is the same. The files live in ``data/models/<kind>/``:
 
 Training from the recipe stays one command away: ``make models`` (which runs
 ``python -m llmbook.training.pretrained``) retrains both and rewrites the files, and
-``book_model(kind, retrain=True)`` trains one in memory. :func:`sample_text` draws a
-continuation of a prompt.
+``book_model(kind, retrain=True)`` trains one in memory. Sampling text from them is
+chapter 12's subject (:mod:`llmbook.inference.sampling`).
 """
 
 from __future__ import annotations
@@ -54,8 +54,7 @@ from llmbook.text.data import default_source
 from llmbook.training.train import TrainConfig, evaluate, train
 from llmbook.transformer.model import TransformerConfig, TransformerLM
 
-__all__ = ["RECIPES", "book_model", "generate", "machine_facts", "models_dir", "recipe_hash", "sample_text",
-           "write_book_model"]
+__all__ = ["RECIPES", "book_model", "machine_facts", "models_dir", "recipe_hash", "write_book_model"]
 
 #: Bumped when the training code changes in a way the recipe dicts do not show.
 RECIPE_VERSION = 2
@@ -257,53 +256,6 @@ def book_model(kind: str = "synthetic", retrain: bool = False) -> tuple[Transfor
     if kind == "text":
         info["tokenizer"] = _load_tokenizer(folder)
     return model.eval(), info
-
-
-# ---------------------------------------------------------------- sampling
-
-
-@torch.no_grad()
-def generate(model: TransformerLM, ids: Tensor, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, generator: torch.Generator | None = None) -> Tensor:
-    """Append ``max_new_tokens`` sampled tokens to ``ids`` (B, T) -> (B, T + max_new_tokens).
-
-    At each step the model sees the last ``max_seq_len`` tokens; the next token is drawn
-    from softmax(z / temperature) restricted to the ``top_k`` largest logits
-    (``temperature == 0``: the arg max, greedy decoding). Chapter 12 studies these rules;
-    this is the minimal version a training chapter needs to look at its model.
-    """
-    if ids.ndim != 2:
-        raise ValueError(f"ids must have shape (B, T), got {tuple(ids.shape)}")
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None and top_k <= 0:
-        raise ValueError(f"top_k must be positive or None, got {top_k}")
-    was_training = model.training
-    model.eval()
-    for _ in range(max_new_tokens):
-        logits = model(ids[:, -model.config.max_seq_len:])[:, -1]  # (B, V)
-        if temperature == 0:
-            nxt = logits.argmax(-1, keepdim=True)  # (B, 1)
-        else:
-            logits = logits / temperature
-            if top_k is not None and top_k < logits.shape[-1]:
-                kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)  # (B, 1)
-        ids = torch.cat([ids, nxt], dim=1)
-    model.train(was_training)
-    return ids
-
-
-def sample_text(model: TransformerLM, tokenizer: Any, prompt: str, max_new_tokens: int = 60,
-                temperature: float = 1.0, top_k: int | None = None,
-                generator: torch.Generator | None = None) -> str:
-    """The prompt followed by ``max_new_tokens`` tokens from :func:`generate`, as text."""
-    ids = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long)  # (1, T)
-    if ids.shape[1] == 0:
-        raise ValueError("prompt must encode to at least one token")
-    out = generate(model, ids, max_new_tokens, temperature, top_k, generator)
-    return tokenizer.decode(out[0].tolist())
 
 
 def main(argv: list[str] | None = None) -> int:

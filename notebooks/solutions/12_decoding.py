@@ -12,16 +12,25 @@ from llmbook.inference.sampling import apply_temperature, expected_tokens_per_st
 from llmbook.transformer.model import TransformerConfig
 
 
-def min_p_filter(logits: Tensor, p_min: float) -> Tensor:
-    """Exercise 1: keep tokens with p(x) >= p_min * max_y p(y) (Nguyen et al., 2024).
+def typical_filter(logits: Tensor, mass: float) -> Tensor:
+    """Exercise 1: locally typical sampling (Meister et al., 2023): (..., V) -> (..., V).
 
-    p(x) / max p = exp(z_x - max z), so the rule is z_x >= max z + log p_min: it depends on
-    the logits' differences only (a shift changes nothing) but scales with 1/T.
+    Tokens are ordered by how far their surprisal -log p(x) lies from the entropy H, and
+    the shortest prefix of that order whose probability reaches ``mass`` is kept (a token
+    is kept while the mass before it is below ``mass``, as in top-p). The most likely token
+    can be dropped: its surprisal is the smallest, often far below H.
     """
-    if not 0 < p_min <= 1:
-        raise ValueError(f"p_min must lie in (0, 1], got {p_min}")
-    z_max = logits.max(dim=-1, keepdim=True).values  # (..., 1)
-    return logits.masked_fill(logits < z_max + math.log(p_min), float("-inf"))
+    if not 0 < mass <= 1:
+        raise ValueError(f"mass must lie in (0, 1], got {mass}")
+    logp = torch.log_softmax(logits.double(), dim=-1)  # (..., V)
+    p = logp.exp()
+    entropy = torch.special.entr(p).sum(dim=-1, keepdim=True)  # (..., 1) nats; 0 log 0 = 0
+    order = torch.sort((-logp - entropy).abs(), dim=-1, stable=True).indices
+    sorted_p = p.gather(-1, order)
+    keep_sorted = torch.cumsum(sorted_p, dim=-1) - sorted_p < mass
+    keep_sorted[..., 0] = True
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
 
 
 def entropy_at(logits: Tensor, temperature: float) -> float:
