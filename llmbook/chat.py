@@ -5,7 +5,8 @@ The model is SmolLM2-135M-Instruct, read from its GGUF file by
 :func:`llmbook.inference.sampling.stream` (chapter 12) with the KV cache (chapter 13) and
 printed as it is generated, one complete character at a time
 (:class:`~llmbook.inference.sampling.IncrementalDecoder`). ``--fast`` runs the file's own
-4-bit weights with PyTorch's int4 kernel (:mod:`llmbook.inference.fast_decode`, chapter 15).
+4-bit weights with PyTorch's int4 kernel (:mod:`llmbook.inference.fast_decode`, chapter 15);
+``--compile`` adds a static cache and a compiled decoding step (chapter 13).
 
 Type a message and press Enter; ``/reset`` forgets the conversation, ``/quit`` (or Ctrl-D)
 leaves. ``--prompt TEXT`` answers one message and exits. Sampling: ``--temperature``
@@ -32,14 +33,15 @@ __all__ = ["main", "reply"]
 def reply(model: Any, tokenizer: Any, messages: list[dict[str, str]], *, max_new_tokens: int = 256,
           temperature: float = 0.2, top_p: float | None = 0.9, top_k: int | None = None,
           min_p: float | None = None, repetition_penalty: float = 1.0,
-          generator: torch.Generator | None = None,
+          generator: torch.Generator | None = None, kv_cache: str = "dynamic",
           on_text: Callable[[str], object] | None = None) -> str:
     """The assistant's next message in the chat ``messages``, streamed to ``on_text``.
 
     The chat is rendered with the model's template (``tokenizer.encode_chat``), decoded by
     :func:`~llmbook.inference.sampling.stream` until an end-of-turn token or
     ``max_new_tokens``, and returned as text without special tokens. ``on_text`` receives
-    each complete piece of text as soon as it is generated.
+    each complete piece of text as soon as it is generated. ``kv_cache`` is passed to
+    ``stream`` ("dynamic", "static" or "compiled").
     """
     prompt = torch.tensor([tokenizer.encode_chat(messages, add_generation_prompt=True)])
     limit = model.config.max_seq_len - prompt.shape[1]
@@ -50,7 +52,7 @@ def reply(model: Any, tokenizer: Any, messages: list[dict[str, str]], *, max_new
     pieces = []
     for token in stream(model, prompt, min(max_new_tokens, limit), temperature, top_k, top_p,
                         generator=generator, min_p=min_p, repetition_penalty=repetition_penalty,
-                        stop_ids=list(tokenizer.stop_token_ids)):
+                        stop_ids=list(tokenizer.stop_token_ids), kv_cache=kv_cache):
         text = decoder.push(int(token[0]))
         if text:
             pieces.append(text)
@@ -81,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the sampler (default 0)")
     p.add_argument("--fast", action="store_true",
                    help="run the file's 4-bit weights with PyTorch's int4 kernel")
+    p.add_argument("--compile", action="store_true",
+                   help="decode with a static cache and a torch.compile'd step (the first "
+                        "reply waits for the compiler)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
     return p
 
@@ -115,7 +120,7 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None,
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                    top_p=None if args.top_p >= 1 else args.top_p, top_k=args.top_k,
                    min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-                   generator=generator)
+                   generator=generator, kv_cache="compiled" if args.compile else "dynamic")
 
     def write(text: str) -> None:
         stdout.write(text)

@@ -63,7 +63,8 @@ def test_help_names_the_sampling_options():
     result = subprocess.run([sys.executable, "-m", "llmbook.chat", "--help"], capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0
-    for option in ("--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--fast"):
+    for option in ("--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--fast",
+                   "--compile"):
         assert option in result.stdout
 
 

@@ -23,6 +23,7 @@ from llmbook.inference.fast_decode import (
 from llmbook.inference.ggml_quants import dequantize
 from llmbook.inference.gguf import read_gguf, smollm2_path
 from llmbook.inference.kvcache import KVCache
+from llmbook.inference.sampling import generate
 from llmbook.transformer.model import TransformerConfig, TransformerLM
 
 
@@ -215,3 +216,35 @@ def test_bandwidth_and_profile_are_measurements():
     assert groups["matmul (linear layers)"] > 0 and abs(parts - groups["wall"]) < 0.5 * groups["wall"]
     with pytest.raises(ValueError):
         stream_bandwidth(0)
+
+
+# ---------------------------------------------------------------- the one generate, three caches
+
+
+@pytest.mark.parametrize("style", ["llama", "gpt2"])
+def test_generate_with_each_cache_gives_the_same_tokens(style):
+    if style == "llama":
+        model = tiny_llama(11).double()
+    else:
+        model = TransformerLM(TransformerConfig.gpt2_style(
+            vocab_size=96, d_model=48, n_layers=2, n_heads=3, max_seq_len=40),
+            generator=gen(12)).double().eval()
+    prompt = torch.randint(0, 96, (2, 6), generator=gen(5))
+    runs = {kind: generate(model, prompt, 10, temperature=1.0, generator=gen(9), kv_cache=kind)
+            for kind in ("dynamic", "static")}
+    runs["recompute"] = generate(model, prompt, 10, temperature=1.0, generator=gen(9),
+                                 use_cache=False)
+    assert torch.equal(runs["dynamic"], runs["static"])
+    assert torch.equal(runs["dynamic"], runs["recompute"])
+
+
+def test_generate_with_the_compiled_step_equals_eager():
+    model = tiny_llama(13)
+    quantize_for_decode(model, head="int8")
+    prompt = torch.randint(0, 96, (1, 7), generator=gen(6))
+    eager = generate(model, prompt, 6, temperature=0, kv_cache="static")
+    compiled = generate(model, prompt, 6, temperature=0, kv_cache="compiled")
+    assert torch.equal(eager, compiled)
+    assert compiled_decode_step(model) is compiled_decode_step(model)  # compiled once
+    with pytest.raises(ValueError, match="kv_cache"):
+        generate(model, prompt, 2, kv_cache="paged")

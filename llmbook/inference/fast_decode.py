@@ -31,6 +31,7 @@ says where a step's time goes.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -290,15 +291,19 @@ def decode_step(model: TransformerLM, ids: Tensor, start: Tensor, cache: StaticK
     pos = start + torch.arange(T)  # (T,)
     slots = torch.arange(cache.max_seq_len)  # (T_max,)
     mask = slots[None, :] <= pos[:, None]  # (T, T_max)
-    cos, sin = model.rope.cos[pos], model.rope.sin[pos]  # (T, d_head/2)
     x = model.embed.weight[ids]  # (B, T, d)
+    if model.pos_embed is not None:  # GPT-2's learned positions
+        x = x + model.pos_embed.weight[pos]
+    rope = model.rope
     for layer, block in enumerate(model.blocks):
         attn = block.attn
         h = block.attn_norm(x)
         q = attn.q_proj(h).view(B, T, c.n_heads, c.d_head).transpose(1, 2)  # (B, H, T, d_head)
         k = attn.k_proj(h).view(B, T, c.n_kv_heads, c.d_head).transpose(1, 2)
         v = attn.v_proj(h).view(B, T, c.n_kv_heads, c.d_head).transpose(1, 2)
-        q, k = _rotate(q, cos, sin, c.rope_interleaved), _rotate(k, cos, sin, c.rope_interleaved)
+        if rope is not None:
+            cos, sin = rope.cos[pos].to(q.dtype), rope.sin[pos].to(q.dtype)  # (T, d_head/2)
+            q, k = _rotate(q, cos, sin, rope.interleaved), _rotate(k, cos, sin, rope.interleaved)
         cache.keys[layer].index_copy_(2, pos, k.to(cache.keys.dtype))
         cache.values[layer].index_copy_(2, pos, v.to(cache.values.dtype))
         z = F.scaled_dot_product_attention(q, cache.keys[layer].to(q.dtype),
@@ -320,13 +325,21 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
     return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
 
 
+_COMPILED: weakref.WeakKeyDictionary[nn.Module, Callable[..., Tensor]] = weakref.WeakKeyDictionary()
+
+
 def compiled_decode_step(model: TransformerLM) -> Callable[[Tensor, Tensor, StaticKVCache], Tensor]:
     """:func:`decode_step` for ``model`` compiled by ``torch.compile`` (one graph per shape of
-    ``ids``: one for the prompt, one for every single-token step). The first call compiles
-    (tens of seconds on a CPU); later calls run the graph."""
-    def step(ids: Tensor, start: Tensor, cache: StaticKVCache) -> Tensor:
-        return decode_step(model, ids, start, cache)
-    return torch.compile(step, dynamic=False)
+    ``ids`` and of the cache). The first call of each shape compiles (tens of seconds on a
+    CPU); later calls run the graph. The compiled function is kept with the model, so asking
+    again for the same model returns it without compiling anew."""
+    if not isinstance(model, TransformerLM):
+        raise TypeError(f"model must be a TransformerLM, got {type(model).__name__}")
+    if model not in _COMPILED:
+        def step(ids: Tensor, start: Tensor, cache: StaticKVCache) -> Tensor:
+            return decode_step(model, ids, start, cache)
+        _COMPILED[model] = torch.compile(step, dynamic=False)
+    return _COMPILED[model]
 
 
 # ---------------------------------------------------------------- measuring the roofline

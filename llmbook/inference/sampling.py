@@ -42,12 +42,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from llmbook.inference.fast_decode import StaticKVCache, compiled_decode_step, decode_step
 from llmbook.inference.kvcache import KVCache
 from llmbook.transformer.model import TransformerLM
 
 __all__ = [
     "BigramLM",
     "Hypothesis",
+    "KV_CACHES",
     "IncrementalDecoder",
     "SpeculativeStats",
     "apply_temperature",
@@ -413,7 +415,7 @@ def stream(model: nn.Module, prompt_ids: Tensor, max_new_tokens: int, temperatur
            generator: torch.Generator | None = None, *, min_p: float | None = None,
            repetition_penalty: float = 1.0, no_repeat_ngram_size: int | None = None,
            stop_ids: int | Iterable[int] | None = None,
-           pad_id: int | None = None) -> Iterator[Tensor]:
+           pad_id: int | None = None, kv_cache: str = "dynamic") -> Iterator[Tensor]:
     """Generate token by token: an iterator over the new tokens, one (B,) long tensor per step.
 
     ``prompt_ids`` (B, T). Each step draws a token for every row with :func:`sample_next`
@@ -430,7 +432,15 @@ def stream(model: nn.Module, prompt_ids: Tensor, max_new_tokens: int, temperatur
     prompt runs once (the *prefill*) into a :class:`~llmbook.inference.kvcache.KVCache` and
     every later step runs the one new token; otherwise (or for any other model
     ``ids -> logits``) each step recomputes the whole sequence. Both give the same tokens.
-    The arguments are checked when ``stream`` is called, not at the first step.
+    ``kv_cache`` picks the cache of a cached ``TransformerLM``: "dynamic" (chapter 12's
+    :class:`~llmbook.inference.kvcache.KVCache`, which hands attention the positions cached
+    so far), "static" (:class:`~llmbook.inference.fast_decode.StaticKVCache` and
+    :func:`~llmbook.inference.fast_decode.decode_step`: fixed shapes, a masked attention over
+    every slot) or "compiled" (the same, with each one-token step run by ``torch.compile``;
+    the cache is sized to a power of two, at least 256, so that prompts of different lengths
+    reuse a compiled graph; the first call compiles, which takes tens of seconds on a CPU).
+    The three agree to round-off (tests). The arguments are checked when ``stream`` is
+    called, not at the first step.
     """
     ids = _check_ids(prompt_ids)
     max_new_tokens = _check_count("max_new_tokens", max_new_tokens, 0)
@@ -446,25 +456,51 @@ def stream(model: nn.Module, prompt_ids: Tensor, max_new_tokens: int, temperatur
     stops, pad = _check_stop(stop_ids, pad_id, B, vocab_size)
     _check_fits(model, T0, "the prompt")
     _check_fits(model, T0 + max_new_tokens, "prompt + max_new_tokens")
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"kv_cache must be one of {list(KV_CACHES)}, got {kv_cache!r}")
     rules = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                  repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
-    return _steps(model, ids, max_new_tokens, use_cache, generator, rules, stops, pad)
+    forward = _cached_forward(model, B, T0 + max_new_tokens, kv_cache) if use_cache else None
+    return _steps(model, ids, max_new_tokens, forward, generator, rules, stops, pad)
+
+
+#: The caches :func:`stream` can decode with (its ``kv_cache`` argument).
+KV_CACHES = ("dynamic", "static", "compiled")
+
+
+def _cached_forward(model: nn.Module, B: int, T_total: int,
+                    kind: str) -> Any | None:
+    """forward(x (B, T), start) -> logits (B, T, V) with a cache of ``kind`` for the
+    positions start .. start + T - 1, or None for a model without one (recompute)."""
+    if not isinstance(model, TransformerLM):
+        return None
+    if kind == "dynamic":
+        cache = KVCache.for_model(model, B, T_total)
+        return lambda x, start: model(x, cache=cache)
+    size = T_total if kind == "static" else max(256, 1 << (T_total - 1).bit_length())
+    static = StaticKVCache.for_model(model, B, min(size, model.config.max_seq_len))
+    step = compiled_decode_step(model) if kind == "compiled" else None
+
+    def forward(x: Tensor, start: int) -> Tensor:
+        if step is None or x.shape[1] > 1:  # the prompt runs eagerly: its length varies
+            return decode_step(model, x, torch.tensor(start), static)
+        return step(x, torch.tensor(start), static)
+    return forward
 
 
 @torch.no_grad()
-def _steps(model: nn.Module, ids: Tensor, max_new_tokens: int, use_cache: bool,
+def _steps(model: nn.Module, ids: Tensor, max_new_tokens: int, forward: Any | None,
            generator: torch.Generator | None, rules: dict[str, Any], stops: Tensor | None,
            pad: int | None) -> Iterator[Tensor]:
-    """The loop of :func:`stream` (arguments already checked)."""
+    """The loop of :func:`stream` (arguments already checked); ``forward`` from
+    :func:`_cached_forward`, or None to recompute the whole sequence at every step."""
     if max_new_tokens == 0:
         return
     was_training = model.training
     model.eval()
     try:
         B, T0 = ids.shape
-        cache = KVCache.for_model(model, B, T0 + max_new_tokens) \
-            if use_cache and isinstance(model, TransformerLM) else None
-        logits = (model(ids, cache=cache) if cache is not None else model(ids))[:, -1]  # (B, V)
+        logits = (forward(ids, 0) if forward is not None else model(ids))[:, -1]  # (B, V)
         done = torch.zeros(B, dtype=torch.bool)
         for step in range(max_new_tokens):
             nxt = sample_next(logits, generator=generator, previous_ids=ids, **rules)  # (B,)
@@ -476,8 +512,8 @@ def _steps(model: nn.Module, ids: Tensor, max_new_tokens: int, use_cache: bool,
             yield nxt
             if step == max_new_tokens - 1 or bool(done.all()):
                 return
-            if cache is not None:
-                logits = model(nxt[:, None], cache=cache)[:, -1]  # only the new token: (B, V)
+            if forward is not None:  # only the new token: (B, V)
+                logits = forward(nxt[:, None], T0 + step)[:, -1]
             else:
                 logits = model(ids)[:, -1]  # the whole sequence again
     finally:
@@ -488,7 +524,8 @@ def generate(model: nn.Module, prompt_ids: Tensor, max_new_tokens: int, temperat
              top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
              generator: torch.Generator | None = None, *, min_p: float | None = None,
              repetition_penalty: float = 1.0, no_repeat_ngram_size: int | None = None,
-             stop_ids: int | Iterable[int] | None = None, pad_id: int | None = None) -> Tensor:
+             stop_ids: int | Iterable[int] | None = None, pad_id: int | None = None,
+             kv_cache: str = "dynamic") -> Tensor:
     """The prompt and its continuation: ``prompt_ids`` (B, T) -> (B, T + n).
 
     Collects :func:`stream` (same arguments): n = ``max_new_tokens``, or fewer with
@@ -500,7 +537,7 @@ def generate(model: nn.Module, prompt_ids: Tensor, max_new_tokens: int, temperat
     steps = list(stream(model, ids, max_new_tokens, temperature, top_k, top_p, use_cache,
                         generator, min_p=min_p, repetition_penalty=repetition_penalty,
                         no_repeat_ngram_size=no_repeat_ngram_size, stop_ids=stop_ids,
-                        pad_id=pad_id))
+                        pad_id=pad_id, kv_cache=kv_cache))
     if not steps:
         return ids.clone()
     return torch.cat([ids, torch.stack(steps, dim=1)], dim=1)  # (B, T + n)
