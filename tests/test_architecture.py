@@ -154,8 +154,12 @@ def test_the_checks_catch_a_wrong_import_and_a_cycle():
         "llmbook.transformer.model", "from llmbook.inference.sampling import generate\n")
     assert direction_violations(edges) == [
         "llmbook.transformer.model imports llmbook.inference.sampling (a later part)"]
-    # ... which also closes a cycle, since sampling imports the model
-    assert cycles(edges) == [["llmbook.inference.sampling", "llmbook.transformer.model"]]
+    # ... which also closes a cycle, since sampling imports the model (perhaps through
+    # other inference modules, which then belong to the same cycle)
+    found = cycles(edges)
+    assert len(found) == 1
+    assert {"llmbook.inference.sampling", "llmbook.transformer.model"} <= set(found[0])
+    assert all(m.startswith(("llmbook.inference.", "llmbook.transformer.")) for m in found[0])
     # the circle this package once had: model <-> hf_loading, within one part
     edges = graph()
     edges["llmbook.transformer.model"] = edges["llmbook.transformer.model"] | {
