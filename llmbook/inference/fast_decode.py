@@ -247,16 +247,21 @@ def quantize_for_decode(model: TransformerLM, source: object | None = None,
 
 @dataclass
 class StaticKVCache:
-    """Fixed-shape key and value buffers, (L, B, H_kv, T_max, d_head) each.
+    """Fixed-shape key and value buffers: L tensors of (B, H_kv, T_max, d_head) each.
 
     Unlike :class:`~llmbook.inference.kvcache.KVCache`, which hands attention the slice of
     the positions cached so far (a shape that grows every step), :func:`decode_step` writes
     position t in place and attends over all T_max slots with a mask that hides the slots
     beyond t: the same shapes at every step, which is what a compiled step needs.
+
+    One buffer per layer, not one (L, B, H_kv, T_max, d_head) tensor: ``torch.compile``
+    turns an in-place write into a slice of a tensor that is an input of the graph into a
+    copy of the whole tensor, so a single buffer would be copied once per layer and step
+    (measured: the compiled step then ran slower than the eager one).
     """
 
-    keys: Tensor
-    values: Tensor
+    keys: tuple[Tensor, ...]
+    values: tuple[Tensor, ...]
 
     @classmethod
     def for_model(cls, model: TransformerLM, batch_size: int, max_seq_len: int) -> StaticKVCache:
@@ -266,15 +271,16 @@ class StaticKVCache:
         if max_seq_len > c.max_seq_len:
             raise ValueError(f"max_seq_len={max_seq_len} exceeds the model's {c.max_seq_len}")
         dtype = model.final_norm.weight.dtype
-        shape = (c.n_layers, batch_size, c.n_kv_heads, max_seq_len, c.d_head)
-        return cls(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+        shape = (batch_size, c.n_kv_heads, max_seq_len, c.d_head)
+        return cls(tuple(torch.zeros(shape, dtype=dtype) for _ in range(c.n_layers)),
+                   tuple(torch.zeros(shape, dtype=dtype) for _ in range(c.n_layers)))
 
     @property
     def max_seq_len(self) -> int:
-        return self.keys.shape[3]
+        return self.keys[0].shape[2]
 
     def num_bytes(self) -> int:
-        return 2 * self.keys.numel() * self.keys.element_size()
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
 
 def decode_step(model: TransformerLM, ids: Tensor, start: Tensor, cache: StaticKVCache) -> Tensor:
@@ -304,8 +310,8 @@ def decode_step(model: TransformerLM, ids: Tensor, start: Tensor, cache: StaticK
         if rope is not None:
             cos, sin = rope.cos[pos].to(q.dtype), rope.sin[pos].to(q.dtype)  # (T, d_head/2)
             q, k = _rotate(q, cos, sin, rope.interleaved), _rotate(k, cos, sin, rope.interleaved)
-        cache.keys[layer].index_copy_(2, pos, k.to(cache.keys.dtype))
-        cache.values[layer].index_copy_(2, pos, v.to(cache.values.dtype))
+        cache.keys[layer].index_copy_(2, pos, k.to(cache.keys[layer].dtype))
+        cache.values[layer].index_copy_(2, pos, v.to(cache.values[layer].dtype))
         z = F.scaled_dot_product_attention(q, cache.keys[layer].to(q.dtype),
                                            cache.values[layer].to(q.dtype), attn_mask=mask,
                                            scale=attn.scale, enable_gqa=True)  # (B, H, T, d_head)
