@@ -83,6 +83,7 @@ sync: setup
 models: setup
 	$(PY) -m llmbook.training.pretrained
 	$(PY) -m llmbook.training.scaling
+	$(PY) -m llmbook.inference.real_quant
 	$(PY) -m llmbook.alignment.shipped
 
 ## models-check: retrain both models in memory and check they reach the shipped validation loss

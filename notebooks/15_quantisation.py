@@ -21,21 +21,44 @@
 # 7. **AWQ**: scaling up the weights that meet large activations;
 # 8. the book's model at 8, 4 and 3 bits with the three methods (AWQ with one scale per
 #    shared input, folded into the norms), and the memory saved;
-# 9. the roofline of decoding: why $b$-bit weights make it about $16/b$ times faster.
+# 9. the roofline of decoding: why $b$-bit weights make it about $16/b$ times faster;
+# 10. **GGUF's block formats** on the real model's file: a Q4_1 block decoded by hand, every
+#     format's bits per weight derived from its fields, the error of a block against its
+#     scale, and the book's code bit-exact with ggml's own package;
+# 11. **claim C5**: what "Q4_K_M" is, against a published description of it;
+# 12. **bits per weight against perplexity** of the real model, SmolLM2-135M-Instruct, in
+#     every ggml format, llama.cpp's Q4_K_M mixture, NF4, GPTQ and AWQ;
+# 13. **outlier channels** in the real model's activations, and how AWQ uses them;
+# 14. **claim C6**: how many numbers a SIMD instruction processes;
+# 15. the file's own 4-bit codes run by a PyTorch kernel.
 #
-# The code lives in `llmbook.inference.quant` (quantisers, integer matmul, NF4) and `llmbook.inference.gptq`
-# (GPTQ, AWQ, whole models).
+# The code lives in `llmbook.inference.quant` (quantisers, integer matmul, NF4),
+# `llmbook.inference.gptq` (GPTQ, AWQ, whole models), `llmbook.inference.gguf_file`,
+# `ggml_quants` and `ggml_kquants` (GGUF and ggml's formats) and
+# `llmbook.inference.real_quant` (the real model's sweep).
 
 # %%
 import copy
+import json
 import math
+import os
+import subprocess
+import sys
 import time
 
+import gguf.quants
 import matplotlib.pyplot as plt
+import numpy as np
 import sympy as sp
 import torch
+from gguf import GGMLQuantizationType
 from IPython.display import display
 
+from llmbook.inference import ggml_quants
+from llmbook.inference.fast_decode import Int4Linear
+from llmbook.inference.ggml_kquants import q4_k_m_types
+from llmbook.inference.gguf import load_model, read_gguf, smollm2_path
+from llmbook.inference.gguf_file import block_layout
 from llmbook.inference.gptq import (
     awq_scale_model,
     awq_scale_search,
@@ -60,7 +83,15 @@ from llmbook.inference.quant import (
     roofline,
     stored_bits_per_weight,
 )
-from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.inference.real_quant import (
+    SWEEP_JSON,
+    apply_state,
+    build_variant,
+    heldout_ids,
+    ids_sha256,
+    perplexity,
+)
+from llmbook.nbtools import Checks, ClaimGrades, save_figure, seed_everything, show_source
 from llmbook.text.data import default_source
 from llmbook.training.pretrained import RECIPES, book_model
 from llmbook.training.train import evaluate, get_batch
@@ -805,6 +836,588 @@ for name, (fn, nbytes) in variants.items():
     print(f"{name:18s} {best * 1e3:7.2f} ms  {4096 * 4096 * nbytes / best / 1e9:6.1f} GB/s  "
           f"speed-up over float32 {timings['float32'] / best:4.2f} (bytes: {4 / nbytes:.0f}x)")
 
+# %% [markdown]
+# ## 15.10 GGUF's block formats, on a real file
+#
+# Everything so far ran on the book's small model. The models people run on their own
+# machines come as **GGUF** files, the single-file format of ggml and llama.cpp (the
+# `ggml/docs/gguf.md` specification): a header, key/value metadata (architecture, sizes,
+# the tokenizer), a table of tensors (name, shape, ggml type, offset) and the tensors' bytes.
+# The book's real model, SmolLM2-135M-Instruct (chapter 7), is one; `read_gguf` parses it and
+# memory-maps the data. Its tensors come in three types:
+
+# %%
+source = read_gguf(smollm2_path())
+by_type = {}
+for t in source.tensors.values():
+    count, weights, n_bytes = by_type.get(t.qtype, (0, 0, 0))
+    by_type[t.qtype] = (count + 1, weights + t.n_elements, n_bytes + t.n_bytes)
+print(source)
+print(f"{'type':5s} {'tensors':>7s} {'weights':>12s} {'bytes':>12s} {'bits/weight':>11s}")
+for qtype, (count, weights, n_bytes) in by_type.items():
+    print(f"{qtype:5s} {count:7d} {weights:12,d} {n_bytes:12,d} {8 * n_bytes / weights:11.3f}")
+print("shapes of the Q4_1 tensors:", sorted({t.shape for t in source.tensors.values() if t.qtype == "Q4_1"}))
+
+# %% [markdown]
+# The 210 projections (q, k, v, o, gate, up and down in each of 30 layers) are Q4_1, the token
+# embedding, which is also the output layer (tied weights, chapter 2), is Q8_0, and the 61
+# RMSNorm gains are plain float32. A ggml tensor is cut, row by row, into **blocks** of 32
+# weights (or 256 for the "K" formats); a block stores its weights as small integers and a
+# few numbers that map them back to reals. A Q4_1 block is 20 bytes: a float16 scale $d$,
+# a float16 minimum $m$ and 32 four-bit codes $q$, two to a byte (weight $i < 16$ in the low
+# nibble of byte $i$, weight $i + 16$ in its high nibble), and $w = d\,q + m$: the
+# zero-point quantiser of section 15.1 with $z = -m/d$, in groups of 32. The first block of
+# the first query matrix, decoded by hand:
+
+# %%
+t_q = source.tensors["blk.0.attn_q.weight"]
+raw = t_q.data[:20]  # row 0, weights 0..31
+d_blk, m_blk = raw[0:2].view("<f2")[0], raw[2:4].view("<f2")[0]
+codes = np.concatenate([raw[4:] & 0x0F, raw[4:] >> 4])  # weights 0-15, then 16-31
+w_by_hand = np.float32(d_blk) * codes.astype(np.float32) + np.float32(m_blk)
+print("bytes:", raw[:2].tobytes().hex(), raw[2:4].tobytes().hex(), raw[4:].tobytes().hex(" "))
+print(f"d = {float(d_blk)!r}, m = {float(m_blk)!r}")
+print("q =", codes.tolist())
+print("w[:4] =", w_by_hand[:4].tolist())
+w_library = ggml_quants.dequantize(t_q.data, "Q4_1", t_q.shape)[0, :32]
+checks = Checks("one Q4_1 block by hand")
+checks.equal("w = d q + m by hand = dequantize(), bit for bit", w_library.view(np.uint32).tolist(),
+             w_by_hand.view(np.uint32).tolist())
+checks.equal("smallest and largest code: min-max puts the block's extremes on 0 and 15", [0, 15],
+             [int(codes.min()), int(codes.max())])
+checks
+
+# %% [markdown]
+# **Bits per weight.** Each format is a struct in ggml's `ggml-common.h`; its size follows
+# from its fields, $\sum(\text{count} \times \text{bits}) / \text{weights per block}$, which
+# `bits_per_weight_symbolic` evaluates exactly in SymPy. The K formats (Kawrakow's
+# k-quants, llama.cpp pull request 1684, 2023) have two levels of scales: Q4_K holds 256
+# weights as 8 sub-blocks of 32, each with a 6-bit scale $s_j$ and a 6-bit minimum $m_j$,
+# which are themselves scaled by two float16 numbers per 256 weights, $w = d\,s_j\,q -
+# d_{\min} m_j$. The check: the bits, times the block, over 8, are ggml's own block sizes.
+
+# %%
+bpw = ggml_quants.bits_per_weight_symbolic()
+checks = Checks("bits per weight from the fields = ggml's block sizes")
+for qtype, fields in ggml_quants.BLOCK_FIELDS.items():
+    block, size = block_layout(qtype)
+    terms = " + ".join(f"{count}·{bits}" for _, count, bits in fields)
+    value = f"{bpw[qtype]}" + ("" if bpw[qtype].is_integer else f" = {float(bpw[qtype]):.4g}")
+    print(f"{qtype:6s} ({terms}) / {block} = {value} bits per weight")
+    checks.equal(f"{qtype}: bits x {block} / 8 = {size} bytes", size, bpw[qtype] * block / 8)
+q4k_parts = sp.Integer(4) + sp.Rational(6 + 6, 32) + sp.Rational(16 + 16, 256)
+checks.equal("Q4_K = 4 (code) + 12/32 (s_j, m_j) + 32/256 (d, dmin)", bpw["Q4_K"], q4k_parts)
+checks
+
+# %% [markdown]
+# So Q4_1 pays a full bit per weight for its two float16 numbers per 32 weights, Q4_0 half
+# a bit (no minimum), and Q4_K half a bit for a scale *and* a minimum per 32, because they
+# are 6-bit integers and only the two numbers that scale them are float16.
+#
+# **The error of a block as a function of its scale.** Q4_1's rule is min-max: the 16 levels
+# span exactly $[\min, \max]$ of the block. Is that the best scale? Shrink the range by a
+# factor $c$ about its centre, $d = c\,(\max - \min)/15$, so that values beyond the range
+# are clamped to the end levels, and measure the mean squared error. Without clamping the
+# error is $d^2/12$ (`rounding_mse`, section 15.1's rule), which grows as $c^2$; with
+# clamping, the few largest values pay. The data: 2048 rows of the real embedding (its
+# Q8_0 values are fine-grained enough to stand for continuous weights), in float64:
+
+# %%
+E_rows = ggml_quants.dequantize(source.tensors["token_embd.weight"].data[:2048 * 18 * 34], "Q8_0",
+                                (2048, 576)).astype(np.float64)  # 18 Q8_0 blocks of 34 bytes per row
+
+
+def shrunk_minmax_mse(x, group, c):
+    """MSE of 4-bit min-max rounding of x in groups, the range shrunk by c about its centre."""
+    blocks = x.reshape(-1, group)
+    lo, hi = blocks.min(1, keepdims=True), blocks.max(1, keepdims=True)
+    step, start = c * (hi - lo) / 15, (hi + lo) / 2 - c * (hi - lo) / 2
+    q = np.clip(np.round((blocks - start) / step), 0, 15)
+    return float(((q * step + start - blocks) ** 2).mean())
+
+
+mse_of_step = ggml_quants.rounding_mse()  # d**2 / 12, in the step d
+d_step, c_s = *mse_of_step.free_symbols, sp.Symbol("c", positive=True)
+growth = sp.simplify(mse_of_step.subs(d_step, c_s * d_step) / mse_of_step)
+assert growth == c_s**2
+display(sp.Eq(sp.Symbol(r"\mathrm{MSE}(d)"), mse_of_step),
+        sp.Eq(sp.Symbol(r"\mathrm{MSE}(c\,d) / \mathrm{MSE}(d)"), growth))
+c_grid = np.linspace(0.5, 1.2, 71)
+scale_curves = {g_: np.array([shrunk_minmax_mse(E_rows, g_, c) for c in c_grid]) for g_ in (32, 256, 576)}
+print(f"{'group':>5s} {'best c':>7s} {'MSE(best) / MSE(min-max)':>25s}")
+for g_, curve in scale_curves.items():
+    at_one = curve[np.argmin(abs(c_grid - 1))]
+    print(f"{g_:5d} {c_grid[curve.argmin()]:7.2f} {curve.min() / at_one:25.2f}")
+
+# %%
+fig, ax = plt.subplots(figsize=(6.4, 4))
+for (g_, curve), colour in zip(scale_curves.items(), ["C0", "C1", "C2"], strict=True):
+    at_one = curve[np.argmin(abs(c_grid - 1))]
+    ax.plot(c_grid, curve / at_one, color=colour, label=f"groups of {g_}")
+    ax.plot(c_grid[curve.argmin()], curve.min() / at_one, "o", color=colour)
+ax.plot(c_grid, c_grid**2, "k--", alpha=0.5, label="$c^2$: rounding only, no clamping")
+ax.axvline(1.0, color="grey", lw=0.8)
+ax.set(xlabel="range factor c (1 = min-max, Q4_1's choice)", ylabel="MSE / MSE at c = 1",
+       title="4-bit error of the real embedding against the block's scale", ylim=(0.6, 1.6))
+ax.legend()
+save_figure(fig, "15_quantisation_block_scale")
+plt.show()
+
+# %% [markdown]
+# For groups of 32 the min-max choice is within a few per cent of the best: the extremes of
+# 32 weights are not far from the rest. The larger the group, the more its range is set by
+# a few outliers, the more it pays to clamp them (about a quarter of the error for whole
+# 576-weight rows), and the more the left branch departs from the $c^2$ of pure rounding.
+# That is why the K formats keep sub-blocks of 16 or 32 *and* search each sub-block's scale
+# and minimum by weighted least squares (`fit_scale_offset`, llama.cpp's `make_qkx2_quants`)
+# instead of taking min and max.
+#
+# **The same bits as ggml.** The book's decoder and encoders are checked against
+# `gguf.quants`, the Python package that ships with ggml: every tensor of the real file
+# decodes to the same float32 numbers bit for bit; the 32-weight formats encode to the same
+# bytes; the K formats have no peer encoder in the package, so our bytes are decoded by it
+# and must give our numbers:
+
+# %%
+W_down0 = ggml_quants.dequantize(source.tensors["blk.0.ffn_down.weight"].data, "Q4_1", (576, 1536))
+E_f32 = E_rows.astype(np.float32)
+checks = Checks("the book's ggml code against ggml's own package, gguf.quants")
+same = all(np.array_equal(gguf.quants.dequantize(t.data, GGMLQuantizationType[t.qtype]).reshape(t.shape),
+                          ggml_quants.dequantize(t.data, t.qtype, t.shape))
+           for t in source.tensors.values())
+checks.true(f"dequantize: all {len(source.tensors)} tensors of the file, bit for bit", same)
+for qtype in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"):
+    checks.true(f"quantize {qtype} (2048 embedding rows): same bytes",
+                np.array_equal(gguf.quants.quantize(E_f32, GGMLQuantizationType[qtype]),
+                               ggml_quants.quantize(E_f32, qtype)))
+for qtype in ("Q4_K", "Q5_K", "Q6_K"):
+    ours = ggml_quants.quantize(W_down0, qtype)
+    checks.true(f"{qtype} bytes of ffn_down (layer 0): gguf decodes our numbers",
+                np.array_equal(gguf.quants.dequantize(ours, GGMLQuantizationType[qtype]).reshape(576, 1536),
+                               ggml_quants.dequantize(ours, qtype, (576, 1536))))
+checks
+
+# %% [markdown]
+# ## 15.11 Claim C5: what "Q4_K_M" is
+#
+# One of the published texts this book was planned from (`source_claims.md`) presents
+# "4-bit quantization (Q4_K_M)" as `scale = max(abs(weights)) / 7`,
+# `quantized = round(weights / scale).clamp(-7, 7)` ("4-bit signed: −7 to 7"), dequantised as
+# `quantized * scale`, and says that it "achieves ~8× compression" from 32-bit floats. What
+# ggml defines, and what the real file measures:
+#
+# * **"_M" names a mixture.** Q4_K_M is not a format but a llama.cpp *file type*: a rule
+#   (`llama_tensor_get_type`) that gives each tensor its own type. The output matrix gets
+#   Q6_K; `attn_v` and `ffn_down` get Q6_K in the first and last eighth of the layers and in
+#   every third layer between, Q4_K elsewhere; everything else Q4_K. Where a row is not a
+#   multiple of 256 weights, as in most of SmolLM2's, llama.cpp falls back to a format with
+#   blocks of 32 (Q4_K → Q5_0, Q6_K → Q8_0). `q4_k_m_types` encodes the rule.
+# * **Q4_K** is the two-level block format above: unsigned codes 0..15 with a per-32 6-bit
+#   scale *and* minimum, not one symmetric scale.
+#
+# The claim's scheme, applied as written (one scale for the whole matrix) to the 2048
+# embedding rows, against ggml's formats on the same weights:
+
+# %%
+def absmax_over_7(x):
+    """The claim's rule on each row of x: scale = max|x| / 7, codes round(x / scale) in -7..7."""
+    scale = np.abs(x).max(-1, keepdims=True) / 7
+    return np.clip(np.round(x / scale), -7, 7), scale
+
+
+def relative_rmse(back):
+    """RMS error over RMS weight of the 2048 rows, in float64."""
+    return float(np.sqrt(((back.reshape(E_rows.shape) - E_rows) ** 2).mean() / (E_rows**2).mean()))
+
+
+def round_trip(x, qtype):
+    flat = x.reshape(-1, block_layout(qtype)[0])  # Q4_K: 256 consecutive weights, 2.25 per row
+    return ggml_quants.dequantize(ggml_quants.quantize(flat, qtype), qtype, flat.shape)
+
+
+q_claim, s_claim = absmax_over_7(E_f32.reshape(1, -1))  # one scale for the whole matrix
+q_block, s_block = absmax_over_7(E_f32.reshape(-1, 32))  # the same rule per block of 32
+q4_0_bytes = ggml_quants.quantize(E_f32, "Q4_0").reshape(-1, 18)[:, 2:]  # 16 bytes of codes per block
+q4_0_codes = np.concatenate([q4_0_bytes & 0x0F, q4_0_bytes >> 4])
+claim_stats = {"claim: absmax / 7, one scale per matrix": relative_rmse(q_claim * s_claim),
+               "claim's rule per block of 32": relative_rmse(q_block * s_block),
+               **{f"ggml {q}": relative_rmse(round_trip(E_f32, q)) for q in ("Q4_0", "Q4_1", "Q4_K")}}
+print(f"{'4-bit scheme':40s} {'relative RMS error':>19s}")
+for name, err in claim_stats.items():
+    print(f"{name:40s} {err:19.3f}")
+print(f"claim: {len(np.unique(q_claim))} distinct codes, {float((q_claim == 0).mean()):.0%} of the weights "
+      f"rounded to 0; Q4_0: {len(np.unique(q4_0_codes))} distinct codes")
+
+# %%
+shapes = {n: t.shape for n, t in source.tensors.items()}
+mixture = q4_k_m_types(list(source.tensors), 30, shapes)
+mixture_counts = {q: sum(v == q for v in mixture.values()) for q in sorted(set(mixture.values()))}
+mixture_text = ", ".join(f"{n} {q}" for q, n in sorted(mixture_counts.items(), key=lambda kv: -kv[1]))
+sweep = json.loads(SWEEP_JSON.read_text(encoding="utf-8"))
+entry = {v["name"]: v for v in sweep["variants"]}
+q4km_bits = entry["Q4_K_M"]["bits_per_weight_model"]
+print(f"Q4_K_M for SmolLM2, {len(mixture)} tensors: {mixture_text}")
+print(f"bits per weight: Q4_K {float(bpw['Q4_K'])}, Q4_K_M as stored for SmolLM2 {q4km_bits:.2f} "
+      f"(all {sweep['model']['parameters']:,} weights, embedding in Q8_0)")
+claims = ClaimGrades("Claim C5 against ggml and the real file")
+claims.grade("C5", "Q4_K_M is scale = max|w| / 7, q = round(w / scale) clamped to -7..7, w ≈ q scale",
+             f"Q4_K_M is a per-tensor mixture: for SmolLM2 llama.cpp would store {mixture_text} "
+             f"tensors (F32: the norms; Q5_0 and Q8_0: fallbacks for 576-wide rows). Its nominal "
+             f"format Q4_K has unsigned codes 0..15 with a 6-bit scale and a "
+             f"6-bit minimum per 32 weights under two fp16 numbers per 256. On 2048 real "
+             f"embedding rows one absmax/7 scale per matrix rounds "
+             f"{float((q_claim == 0).mean()):.0%} of the weights to 0: relative RMS error "
+             f"{claim_stats['claim: absmax / 7, one scale per matrix']:.2f}, against "
+             f"{claim_stats['ggml Q4_K']:.3f} for Q4_K", "wrong")
+claims.grade("C5", "4-bit signed: -7 to 7",
+             f"{len(np.unique(q_claim))} of the 16 codes of a nibble (log2 15 = {math.log2(15):.2f} bits); "
+             f"ggml's Q4_0 uses all {len(np.unique(q4_0_codes))} (-8..7), Q4_K and Q4_1 the unsigned "
+             f"0..15 with an offset", "wrong")
+claims.grade("C5", "~8x compression from 32-bit floats",
+             f"32/4 = 8 only if the scales cost nothing. Q4_K stores {bpw['Q4_K']} = "
+             f"{float(bpw['Q4_K'])} bits: {32 / float(bpw['Q4_K']):.1f}x against float32, "
+             f"{16 / float(bpw['Q4_K']):.1f}x against 16-bit weights; Q4_K_M as llama.cpp stores "
+             f"SmolLM2: {q4km_bits:.2f} bits per weight, {32 / q4km_bits:.1f}x against float32",
+             "true only under a condition")
+claims
+
+# %% [markdown]
+# ## 15.12 The real model: bits per weight against perplexity
+#
+# How much does each format cost the real model? `python -m llmbook.inference.real_quant`
+# (part of `make models`, about ten minutes on 2 cores) stores the 210 projections of
+# SmolLM2 in each format and measures the perplexity on held-out English:
+# `data/heldout_prose.txt`, 155 paragraphs of this book's own prose, written after the
+# model was trained, 6,482 tokens, scored in windows of 512 tokens (each window's first
+# token is not predicted). Three things to know before reading the table:
+#
+# * **The reference is the file, not the original model.** Only the Q4_1 file is shipped,
+#   so every variant starts from its dequantised weights: a row measures the damage of
+#   *re-quantising* a 4-bit model, on top of whatever Q4_1 already cost.
+# * **The embedding** (28.3 million weights, also the output layer) keeps the file's Q8_0
+#   in every row but one, as every llama.cpp file type keeps the output matrix at Q6_K or
+#   Q8_0; "Q4_0 pure" quantises it too. Bits per weight are counted over all 134.5 million
+#   weights, norms included at 32 bits ("model"), and over the projections alone.
+# * **K formats and 576-wide rows.** Most rows here hold 576 weights, not a multiple of
+#   256. A starred row (`Q4_K*`) encodes 256 *consecutive* weights in memory order (a block
+#   may span two rows): the format's arithmetic, in a tensor ggml cannot store. The unstarred
+#   row is what llama.cpp would store: its fallback (Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0)
+#   on 576-wide rows, the K format only on `ffn_down`, whose rows hold 1536.
+#
+# NF4 uses groups of 64 with a float32 absmax (QLoRA's layout without double quantisation);
+# RTN, GPTQ and AWQ use the zero-point codes of section 15.8 in groups of 32 (128, common for
+# larger models, does not divide 576), calibrated on 2,048 tokens of the standard library's
+# docstrings. "Weight error" is the relative RMS change of the 210 projections,
+# $\lVert W' - W \rVert / \lVert W \rVert$; AWQ has none, since it stores the rescaled
+# matrices $W\,\mathrm{diag}(s)$ with $1/s$ folded into the norms. The numbers come from the
+# sweep's JSON, so they read the same on every machine:
+
+# %%
+ref = entry["file"]
+print(f"held-out text: {sweep['heldout']['tokens']} tokens, windows of {sweep['heldout']['window']}, "
+      f"{ref['predicted_tokens']} predicted; sweep made {sweep['made']['date']}")
+print(f"{'variant':10s} {'projections stored as':27s} {'bits/weight':>11s} {'(model)':>7s} "
+      f"{'weight error':>12s} {'perplexity':>10s} {'vs file':>8s}")
+for v in sweep["variants"]:
+    types = ", ".join(f"{q} x{n}" for q, n in v["projection_types"].items())
+    print(f"{v['name']:10s} {types:27s} {v['bits_per_weight_projections']:11.3f} "
+          f"{v['bits_per_weight_model']:7.3f} {'-' if v['weight_rel_rmse'] is None else format(v['weight_rel_rmse'], '.4f'):>12s} {v['perplexity']:10.2f} "
+          f"{v['perplexity'] / ref['perplexity'] - 1:+8.1%}")
+
+# %%
+fig, ax = plt.subplots(figsize=(7.2, 4.6))
+for v in sweep["variants"]:
+    book_format = v["storable_by_ggml"] is None
+    marker = "s" if book_format else "o"
+    face = "none" if v["storable_by_ggml"] is False else ("C1" if book_format else "C0")
+    ax.plot(v["bits_per_weight_model"], v["perplexity"], marker, mfc=face, mec="C1" if book_format else "C0")
+    ax.annotate(v["name"], (v["bits_per_weight_model"], v["perplexity"]), fontsize=7,
+                xytext=(4, 2), textcoords="offset points")
+ax.axhline(ref["perplexity"], color="grey", ls="--", lw=0.8, label="the file (Q4_1), the reference")
+ax.set(xlabel="bits per weight, whole model (embedding Q8_0 except 'pure')",
+       ylabel="perplexity on held-out prose", yscale="log",
+       title="SmolLM2-135M re-quantised: circles ggml (open: not storable), squares the book's")
+ax.legend(loc="upper right")
+save_figure(fig, "15_quantisation_real_bpw_ppl")
+plt.show()
+
+# %% [markdown]
+# One entry recomputed here. The sweep also scored the file and Q4_0 on the first 256
+# held-out tokens in float64, where the result does not depend on the CPU; the book's own
+# loader and tokenizer (`load_model`, chapters 1 and 7) and `build_variant` redo it:
+
+# %%
+show_source(build_variant)
+
+# %%
+model_real, tokenizer_real = load_model()
+ids_real = heldout_ids(tokenizer_real)
+n_check = sweep["check"]["tokens"]
+checks = Checks("the sweep's short slice, recomputed (float64)")
+checks.equal("held-out tokens (the book's tokenizer)", sweep["heldout"]["tokens"], len(ids_real))
+checks.equal("their SHA-256 = the sweep's", sweep["heldout"]["ids_sha256"][:16], ids_sha256(ids_real)[:16])
+live = {}
+for name in ("file", "Q4_0"):
+    state, _ = build_variant(name, source, model_real)
+    model64 = copy.deepcopy(model_real)
+    apply_state(model64, state)
+    live[name] = perplexity(model64.double(), ids_real[:n_check], n_check)
+    checks.close(f"{name}: perplexity of the first {n_check} tokens", sweep["check"][name], live[name].ppl,
+                 tol=1e-9, rel=True, digits=9)
+del model64
+checks
+
+# %% [markdown]
+# Reading the table (and the figure, where open circles are the starred, unstorable rows
+# and squares the book's own formats):
+#
+# * **Q4_1 re-encoded gives the file back exactly**: its grid reproduces itself, the
+#   weights do not move (weight error 0) and the perplexity is the file's to the last digit.
+# * **Starting from a 4-bit model, other 4-bit grids hurt.** The file's weights sit on
+#   Q4_1's 16 levels per block of 32; a different grid of similar resolution (Q4_0, the
+#   book's zero-point codes, NF4) adds a rounding error as large as a fresh quantisation,
+#   on top of the first one: 20 to 40 % more perplexity. Q4_K's sub-blocks of 32 line up
+#   with Q4_1's blocks and also have a scale and a minimum, so it can nearly reproduce the
+#   grid: its weight error is a fifth of Q4_0's and it costs about 1.5 %. That is a property
+#   of re-quantising a Q4_1 file, not a ranking of the formats on full-precision weights.
+# * **Even Q8_0 is not free** (+0.4 %): its grid does not contain Q4_1's levels either.
+# * **llama.cpp's fallbacks cost.** The formats it must use on 576-wide rows (Q5_0, Q5_1,
+#   Q8_0) lose most of what the K format would give, and the stored Q4_K_M (6.2 bits per
+#   weight) is worse than the unstorable Q4_K* (5.3 bits). Q5_1 (the Q5_K fallback) is
+#   the worst 5-bit row: its levels, 15/31 of Q4_1's step apart, miss Q4_1's levels by an
+#   amount that grows with the code, an error that is the same in every block.
+# * **The embedding matters.** Q4_0 on the embedding too ("pure") is far worse than Q4_0
+#   on the projections alone: one matrix, 21 % of the weights, is both the input and the
+#   output layer, which is why llama.cpp keeps it at 6 or 8 bits in every file type.
+# * **GPTQ and AWQ.** GPTQ moves the weights further than plain rounding (RTN) does, yet
+#   scores a little better: it minimises each layer's output error on the calibration
+#   inputs, not the weight error, but a bias it cannot remove (another grid than the file's)
+#   keeps it with the other 4-bit grids. AWQ is the one calibrated method that pays here: it
+#   removes more than half of RTN's excess perplexity for a few thousandths of a bit per
+#   weight (the unfolded o_proj scales). Its scales give the input channels that carry large
+#   activations a finer grid; the next section shows those channels.
+#
+# ## 15.13 Outlier channels of the real model
+#
+# Section 15.4 planted outliers in a synthetic layer; a real model has its own. The inputs
+# of every linear layer of SmolLM2 on the first 256 held-out tokens (float64, the file's
+# weights), captured with forward pre-hooks: for each layer, the largest $|x|$ of every
+# input channel over the tokens, and the ratio of the largest channel to the median one.
+
+# %%
+def capture_linear_inputs(model, ids):
+    """Inputs (T, d_in) of q_proj (= k, v), o_proj, gate_proj (= up) and down_proj, per layer."""
+    wanted = {"attention input": "attn.q_proj", "o_proj input": "attn.o_proj",
+              "MLP input": "mlp.gate_proj", "down_proj input": "mlp.down_proj"}
+    seen, handles = {k: [] for k in wanted}, []
+    for block in model.blocks:
+        for kind, path in wanted.items():
+            handles.append(block.get_submodule(path).register_forward_pre_hook(
+                lambda _m, args, kind=kind: seen[kind].append(args[0][0].detach())))
+    with torch.no_grad():
+        model(ids[None])
+    for h in handles:
+        h.remove()
+    return {k: torch.stack(v) for k, v in seen.items()}  # (L, T, d_in) each
+
+
+model64 = copy.deepcopy(model_real).double()
+inputs = capture_linear_inputs(model64, ids_real[:n_check])
+print(f"{'input of':16s} {'d_in':>5s} {'max/median, median layer':>25s} {'largest':>8s} {'in layer':>8s} "
+      f"{'top channel (layers)':>21s}")
+outlier_summary = {}
+for kind, X_all in inputs.items():
+    peak = X_all.abs().amax(1)  # (L, d_in): the largest |x| of each channel over the tokens
+    ratio = peak.amax(1) / peak.median(1).values  # (L,)
+    top = peak.argmax(1)  # (L,)
+    channel, layers = torch.mode(top).values.item(), int((top == torch.mode(top).values).sum())
+    outlier_summary[kind] = {"ratio": ratio, "peak": peak, "channel": channel}
+    print(f"{kind:16s} {X_all.shape[-1]:5d} {float(ratio.median()):25.0f} {float(ratio.max()):8.0f} "
+          f"{int(ratio.argmax()):8d} {f'{channel} ({layers} of 30)':>21s}")
+
+# %%
+worst_kind = max(outlier_summary, key=lambda k: float(outlier_summary[k]["ratio"].max()))
+worst_layer = int(outlier_summary[worst_kind]["ratio"].argmax())
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+for kind, summary in outlier_summary.items():
+    ax1.semilogy(range(30), summary["ratio"], "o-", ms=3, label=kind)
+ax1.set(xlabel="layer", ylabel="largest channel / median channel (max |x|)",
+        title="Outlier channels of SmolLM2's linear-layer inputs")
+ax1.legend(fontsize=8)
+peak = outlier_summary[worst_kind]["peak"][worst_layer]
+ax2.plot(peak, lw=0.7)
+for ch in peak.argsort(descending=True)[:3].tolist():
+    ax2.annotate(str(ch), (ch, float(peak[ch])), fontsize=8, xytext=(3, 0), textcoords="offset points")
+ax2.set(xlabel="input channel", ylabel="max |x| over 256 tokens", yscale="log",
+        title=f"{worst_kind}, layer {worst_layer}")
+save_figure(fig, "15_quantisation_real_outliers")
+plt.show()
+
+# %% [markdown]
+# The inputs that come out of a norm (attention and MLP input) carry a few channels far
+# above the rest in most layers; the input of `down_proj`, a product of two projections,
+# has the most extreme ones. A per-tensor or per-token int8 scale for these activations
+# would round the ordinary channels to a few levels, exactly as in section 15.4.
+#
+# AWQ turns the same statistic into weight protection: the input channel $j$ of a weight
+# gets the scale $s_j = \overline{|x_j|}^{\,\alpha}$ before rounding, so the weights that
+# meet large inputs are rounded on a finer relative grid. On the most extreme layer, with
+# its captured inputs as calibration:
+
+# %%
+W_worst = model64.blocks[worst_layer].get_submodule(
+    {"attention input": "attn.q_proj", "o_proj input": "attn.o_proj", "MLP input": "mlp.gate_proj",
+     "down_proj input": "mlp.down_proj"}[worst_kind]).weight.detach()
+X_worst = inputs[worst_kind][worst_layer]
+W_awq, awq_stats = awq_scale_search(W_worst, X_worst, 4, 32)
+top_s = set(awq_stats["scales"].argsort(descending=True)[:5].tolist())
+top_x = set(X_worst.abs().mean(0).argsort(descending=True)[:5].tolist())
+err_awq = layer_output_error(W_worst, W_awq, X_worst)
+err_rtn = layer_output_error(W_worst, quantize_rtn(W_worst, 4, 32), X_worst)
+print(f"{worst_kind}, layer {worst_layer}: alpha = {awq_stats['alpha']:.2f}, "
+      f"output error AWQ / RTN = {err_awq / err_rtn:.2f}")
+checks = Checks("AWQ's scales follow the outlier channels")
+checks.equal("5 largest scales = 5 largest mean |x| channels", sorted(top_x), sorted(top_s))
+checks.true("AWQ's output error < RTN's on this layer", err_awq < err_rtn, got=f"{err_awq / err_rtn:.2f}")
+checks
+
+# %% [markdown]
+# This is what moved AWQ's row in the sweep above RTN's: the same 4-bit codes in groups of
+# 32, but with each input channel scaled by its activations before rounding. Its scales were
+# searched on 2,048 tokens of other text, with the o_proj scale left unfolded (under
+# grouped-query attention a row of v_proj feeds three heads, section 15.8).
+#
+# ## 15.14 Claim C6: how many elements does SIMD process at once?
+#
+# The same published text says that a vectorised elementwise product "processes 8+
+# elements simultaneously". A SIMD instruction applies one operation to every *lane* of a
+# vector register, and the number of float32 lanes is the register's width over 32 bits:
+
+# %%
+register_bits = {"SSE (x86, 1999), NEON (Arm)": (128, 128), "AVX2 (x86, 2013)": (256, 256),
+                 "AVX-512 (x86, 2017)": (512, 512), "SVE (Arm): chosen by the chip": (128, 2048)}
+
+
+def span(lo, hi):
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+
+print(f"{'vector registers':32s} {'bits':>9s} {'float32 lanes':>14s} {'float64 lanes':>14s}")
+for isa, (lo, hi) in register_bits.items():
+    print(f"{isa:32s} {span(lo, hi):>9s} {span(lo // 32, hi // 32):>14s} {span(lo // 64, hi // 64):>14s}")
+
+# %% [markdown]
+# PyTorch compiles its elementwise kernels several times and picks one when it starts,
+# by the CPU (`torch.backends.cpu.get_cpu_capability()`: "DEFAULT", "AVX2", "AVX512" on
+# x86); the variable `ATEN_CPU_CAPABILITY` forces a lower one. The cell below times, in
+# fresh processes on one thread, a compute-bound elementwise function (the sigmoid, on
+# 16,384 float32 values that stay in cache) and a product (two loads and a store per
+# element, limited by the cache's bandwidth), under each capability this CPU has. Its
+# output depends on the machine and is not compared by the tests.
+
+# %% tags=["nbval-ignore-output"]
+SIMD_TIMING = """
+import time, torch
+torch.set_num_threads(1)
+x, z = torch.rand(16384) + 0.5, torch.rand(16384)
+y = torch.empty_like(x)
+out = [torch.backends.cpu.get_cpu_capability()]
+for fn in (lambda: torch.sigmoid(x, out=y), lambda: torch.mul(x, z, out=y)):
+    for _ in range(100):
+        fn()
+    best = float("inf")
+    for _ in range(9):
+        t0 = time.perf_counter()
+        for _ in range(300):
+            fn()
+        best = min(best, time.perf_counter() - t0)
+    out.append(best / 300 / 16384 * 1e9)
+print(*out)
+"""
+native = torch.backends.cpu.get_cpu_capability()
+simd = {}
+for level in ["default"] + (["avx2"] if native == "AVX512" else []) + [None]:  # None: native
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    env |= {"ATEN_CPU_CAPABILITY": level} if level else {}
+    result = subprocess.run([sys.executable, "-c", SIMD_TIMING], env=env, capture_output=True, text=True, check=True)
+    capability, sigmoid_ns, mul_ns = result.stdout.split()
+    simd[capability] = (float(sigmoid_ns), float(mul_ns))
+print(f"this CPU: {native}")
+print(f"{'kernels':8s} {'sigmoid ns/element':>19s} {'speed-up':>9s} {'product ns/element':>19s} {'speed-up':>9s}")
+for capability, (sig, mul) in simd.items():
+    print(f"{capability:8s} {sig:19.3f} {simd['DEFAULT'][0] / sig:9.1f} {mul:19.3f} {simd['DEFAULT'][1] / mul:9.1f}")
+
+# %% [markdown]
+# On the machine that wrote this chapter (AVX-512), the sigmoid ran about 4 times faster
+# with the AVX2 kernels than with the generic ones and about 6 times faster with AVX-512:
+# more lanes, but not proportionally, since part of each kernel is not lane-parallel. The
+# product gained about 3 times from AVX2 and nothing more from AVX-512: with two loads and
+# a store per multiplication, the cache's bandwidth, not the lanes, is the limit. The
+# grade therefore depends on the machine, the data type and the operation:
+
+# %%
+claims = ClaimGrades("Claim C6")
+lanes = {isa.split(" (")[0]: lo // 32 for isa, (lo, hi) in register_bits.items() if lo == hi}
+claims.grade("C6", "a vectorised elementwise product processes 8+ elements simultaneously",
+             f"float32 lanes per instruction: {lanes}; float64 halves them. 8 or more holds on "
+             f"x86 with AVX2 or AVX-512 kernels, not with 128-bit SSE or Arm NEON (4, as on "
+             f"phones and Apple laptops), nor in a kernel that is not vectorised. Lanes are an "
+             f"upper bound on the speed-up: a product that streams its operands is limited by "
+             f"memory bandwidth (measured above on this machine)", "true only under a condition")
+claims
+
+# %% [markdown]
+# ## 15.15 The file's 4-bit codes in a PyTorch kernel
+#
+# Everything above dequantised the file's codes to float32 and multiplied as usual. A
+# kernel can instead read the codes themselves: PyTorch's CPU kernel
+# `_weight_int4pack_mm_for_cpu` multiplies bfloat16 activations by 4-bit codes in groups of
+# 32, $w = (q - 8)\,s + z$. Q4_1's $w = d\,q + m$ is the same code with $s = d$ and
+# $z = m + 8d$, so `Int4Linear.from_q4_1` runs the very bits that llama.cpp runs, with $d$
+# and $z$ rounded from float16 to bfloat16:
+
+# %%
+show_source(Int4Linear.from_q4_1)
+
+# %% [markdown]
+# The checks, on the gate projection of layer 0 and its inputs from the held-out text: the
+# codes the kernel holds are the file's; the weights it multiplies by differ from the
+# dequantised ones only by the bfloat16 rounding of $s$ and $z$; and its output equals
+# dequantise-then-multiply within bfloat16's precision ($2^{-8} \approx 0.4\,\%$ per number).
+
+# %%
+t_gate = source.tensors["blk.0.ffn_gate.weight"]
+int4 = Int4Linear.from_q4_1(t_gate.data, t_gate.shape)
+W_gate = torch.from_numpy(ggml_quants.dequantize(t_gate.data, "Q4_1", t_gate.shape)).double()  # (1536, 576)
+blocks_gate = t_gate.data.reshape(-1, 20)  # one row per Q4_1 block
+d_gate = torch.from_numpy(blocks_gate[:, 0:2].copy().view("<f2").astype(np.float32))  # (blocks, 1)
+m_gate = torch.from_numpy(blocks_gate[:, 2:4].copy().view("<f2").astype(np.float32))
+q_gate = torch.from_numpy(np.concatenate([blocks_gate[:, 4:] & 0x0F, blocks_gate[:, 4:] >> 4], axis=1))
+s_bf16, z_bf16 = d_gate.bfloat16().float(), (m_gate + 8 * d_gate).bfloat16().float()
+w_expected = ((q_gate.float() - 8) * s_bf16 + z_bf16).reshape(t_gate.shape)  # (1536, 576)
+X_gate = inputs["MLP input"][0]  # (256, 576), float64
+y_kernel = int4(X_gate.float()).double()
+y_reference = X_gate @ W_gate.T
+rel_out = float((y_kernel - y_reference).norm() / y_reference.norm())
+rel_w = float((int4.weight().double() - W_gate).norm() / W_gate.norm())
+checks = Checks("the file's Q4_1 codes run by the int4 kernel")
+checks.equal("kernel's weights = (q - 8) bf16(d) + bf16(m + 8d), file's q, bit for bit",
+             w_expected.view(torch.int32).tolist(), int4.weight().view(torch.int32).tolist())
+checks.true("weights: relative error from bf16 scales < 2^-8", rel_w < 2**-8, got=f"{rel_w:.0e}")
+checks.true("output vs dequantise-then-matmul (float64): relative error < 1 %", rel_out < 0.01,
+            got=f"{rel_out:.0e}")
+checks.equal("storage: bits per weight (codes + bf16 s, z per 32)", 5.0,
+             8 * int4.storage_bytes() / t_gate.n_elements)
+checks
+
+# %% [markdown]
+# The kernel stores 5 bits per weight, as Q4_1 does, and reads them without ever building
+# the float32 matrix: a decoding step reads about a sixth of the bytes (5 bits against 32).
+# How much faster that makes decoding the whole model, against its roofline, is measured by
+# `benchmarks/real_model.py` and read in chapter 13 (section 13.7).
+
+# %% [markdown]
+# ## Summary
 #
 # * A $b$-bit uniform quantiser rounds to steps of $\Delta$; the error is at most $\Delta/2$
 #   and, for values that fill the steps evenly, has mean square $\Delta^2/12$: each bit
@@ -830,6 +1443,21 @@ for name, (fn, nbytes) in variants.items():
 # * Decoding at batch 1 reads every weight once per token for 2 FLOPs: an intensity of
 #   $16/w$ FLOP/byte, far below any GPU's balance point, so the time is the bytes over the
 #   bandwidth and $b$-bit weights with groups of $g$ speed it up by $16/(b + (16+b)/g)$.
+# * GGUF stores a model's tensors in ggml's block formats: Q4_1 is 32 four-bit codes with a
+#   float16 scale and minimum (5 bits per weight), Q4_K two levels of scales (4.5 bits).
+#   The book decodes the real file bit for bit like ggml's own package and encodes the
+#   32-weight formats byte for byte.
+# * Q4_K_M is a mixture of per-tensor types, not a format, and not absmax/7 (claim C5).
+#   On a model whose rows are 576 wide llama.cpp must fall back to 32-weight formats.
+# * Re-quantising the real 4-bit file: its own Q4_1 grid is free, the aligned Q4_K nearly
+#   so; any other 4-bit grid (Q4_0, NF4, RTN, GPTQ) costs a fifth or more of the
+#   perplexity and AWQ, which scales the channels with large activations, about a tenth;
+#   keeping the embedding (also the output layer) at 8 bits matters.
+# * The real model's linear-layer inputs have outlier channels, thousands of times the
+#   median in the worst layer; AWQ's per-input scales grow on exactly those channels.
+# * A SIMD instruction processes 4, 8 or 16 float32 numbers, by the register width
+#   (claim C6: true only on AVX2 or wider), and a memory-bound kernel gains less.
+# * PyTorch's int4 kernel runs the file's own Q4_1 codes within bfloat16 precision.
 #
 # ## Exercises
 #

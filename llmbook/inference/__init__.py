@@ -29,7 +29,11 @@ Chapter → module → what it defines:
   formats, bits per weight derived), :mod:`~llmbook.inference.ggml_kquants` (the Q4_K, Q5_K
   and Q6_K encoders, llama.cpp's Q4_K_M mixture), and :mod:`~llmbook.inference.gguf`
   (``load_model``: the real model, SmolLM2-135M-Instruct, as the book's ``TransformerLM``
-  with its tokenizer; read in chapters 1, 4, 7, 12 and 13 as well).
+  with its tokenizer; read in chapters 1, 4, 7, 12 and 13 as well);
+  :mod:`~llmbook.inference.real_quant`: the real model re-quantised in every format,
+  ``perplexity`` on held-out prose, ``build_variant``, bits per weight counted
+  (``format_bits``, ``storage_bits``), GPTQ and AWQ one block at a time
+  (``quantize_blockwise``), and the sweep (``python -m llmbook.inference.real_quant``).
 
 Imports Parts I–III and the shared helpers, never a later part.
 """
