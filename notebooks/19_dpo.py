@@ -274,7 +274,7 @@ display(sp.Eq(sp.Symbol(r"\partial\mathcal{L}/\partial a_w"), -beta * sp.Symbol(
 show_source(dpo_logprob_gradients)
 
 # %%
-lw, ll, rw, rl = (3 * torch.randn(8, generator=g, dtype=f64) for _ in range(4))
+lw, ll, rw, rl = (3 * torch.randn(8, generator=g, dtype=f64) - 20 for _ in range(4))  # log-probs <= 0
 lw.requires_grad_(True)
 ll.requires_grad_(True)
 auto_w, auto_l = torch.autograd.grad(dpo_loss(lw, ll, rw, rl, 0.1)[0], (lw, ll))

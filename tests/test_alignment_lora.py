@@ -5,7 +5,7 @@ import math
 import pytest
 import sympy as sp
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from peft import LoraConfig, get_peft_model
 from seeded import gen
@@ -165,6 +165,7 @@ def test_gpt2_names_map_to_the_books():
 @given(d_in=st.integers(1, 12), d_out=st.integers(1, 12), r=st.integers(1, 6),
        seed=st.integers(0, 2**31 - 1))
 def test_property_rank_and_count(d_in, d_out, r, seed):
+    assume(r <= min(d_in, d_out))  # a larger rank is rejected (test below)
     layer = LoRALinear(nn.Linear(d_in, d_out, dtype=torch.float64), r=r, alpha=1.5,
                        generator=gen(seed))
     with torch.no_grad():
@@ -350,3 +351,10 @@ def test_peft_merge_and_unload(peer):
     assert (mine - before).abs().max() < 1e-12
     w_theirs = merged_hf.model.layers[1].self_attn.v_proj.weight
     assert (ours.blocks[1].attn.v_proj.base.weight - w_theirs).abs().max() < 1e-14
+
+
+def test_lora_rank_above_the_layers_width_is_rejected():
+    base = nn.Linear(6, 4)
+    assert LoRALinear(base, 4, 8.0).r == 4  # r = min(d_in, d_out) is allowed
+    with pytest.raises(ValueError, match=r"r=5 exceeds .*min\(d_in=6, d_out=4\)"):
+        LoRALinear(nn.Linear(6, 4), 5, 8.0)

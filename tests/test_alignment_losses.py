@@ -205,7 +205,7 @@ def test_dpo_sigmoid_worked_example():
 
 
 def test_dpo_batched_is_the_mean_of_pairs():
-    pc, pr, rc, rr = (randn(B, seed=s, scale=3) for s in range(4))
+    pc, pr, rc, rr = (randn(B, seed=s, scale=3) - 20 for s in range(4))  # log-probs are <= 0
     loss, cr, rj = dpo_loss(pc, pr, rc, rr, beta=0.5)
     per_pair, _, _ = dpo_loss(pc, pr, rc, rr, beta=0.5, reduction="none")
     assert per_pair.shape == (B,) and cr.shape == (B,) and rj.shape == (B,)
@@ -230,8 +230,7 @@ def test_ipo_worked_example():
 def test_dpo_gradient_by_hand():
     """dL/dh = -beta sigma(-beta h) for L = -log sigma(beta h), h = (pc - rc) - (pr - rr)."""
     beta = 0.7
-    pc, pr = randn(B, seed=10, scale=3).requires_grad_(), randn(B, seed=11, scale=3).requires_grad_()
-    rc, rr = randn(B, seed=12, scale=3).requires_grad_(), randn(B, seed=13, scale=3).requires_grad_()
+    pc, pr, rc, rr = ((randn(B, seed=s, scale=3) - 20).requires_grad_() for s in (10, 11, 12, 13))
     loss, _, _ = dpo_loss(pc, pr, rc, rr, beta)
     loss.backward()
     h = ((pc - rc) - (pr - rr)).detach()
@@ -246,7 +245,7 @@ def test_dpo_gradient_by_hand():
 
 @pytest.mark.parametrize("loss_type,eps", [("sigmoid", 0.0), ("sigmoid", 0.1), ("ipo", 0.0)])
 def test_dpo_gradcheck(loss_type, eps):
-    inputs = tuple(randn(B, seed=20 + s, scale=2).requires_grad_() for s in range(4))
+    inputs = tuple((randn(B, seed=20 + s, scale=2) - 20).requires_grad_() for s in range(4))
     lengths = {} if loss_type == "sigmoid" else {"chosen_lengths": torch.tensor([3, 1, 5]),
                                                  "rejected_lengths": torch.tensor([2, 4, 6])}
 
@@ -260,9 +259,9 @@ def test_dpo_gradcheck(loss_type, eps):
 @given(st.floats(-20, 20), st.floats(0.01, 5), st.floats(0.05, 2.0), st.floats(0, 0.45))
 def test_dpo_loss_decreases_as_the_margin_grows(margin, step, beta, eps):
     def loss_at(h, smoothing=0.0):
-        pc = torch.tensor([h], dtype=D)
-        zero = torch.zeros(1, dtype=D)
-        return dpo_loss(pc, zero, zero, zero, beta, label_smoothing=smoothing)[0].item()
+        pc = torch.tensor([h - 100], dtype=D)  # log-probs are <= 0; DPO sees differences only
+        base = torch.full((1,), -100.0, dtype=D)
+        return dpo_loss(pc, base, base, base, beta, label_smoothing=smoothing)[0].item()
 
     assert loss_at(margin + step) < loss_at(margin)
     assert loss_at(margin) > 0
@@ -821,3 +820,14 @@ def test_losses_reject_non_tensors():
     with pytest.raises(TypeError, match="mask"):
         ppo_policy_loss(torch.zeros(1, 2, dtype=D), torch.zeros(1, 2, dtype=D),
                         torch.zeros(1, dtype=D), [[1, 1]], 0.2)
+
+
+def test_dpo_loss_rejects_what_cannot_be_a_log_probability():
+    ok = torch.tensor([-3.0, -2.5])
+    dpo_loss(ok, ok - 1, ok, ok - 1, beta=0.1)  # accepted
+    with pytest.raises(ValueError, match=r"policy_rejected_logps\[1\] = 0.5"):
+        dpo_loss(ok, torch.tensor([-1.0, 0.5]), ok, ok, beta=0.1)
+    with pytest.raises(ValueError, match=r"ref_chosen_logps\[0\] = nan"):
+        dpo_loss(ok, ok, torch.tensor([float("nan"), -1.0]), ok, beta=0.1)
+    with pytest.raises(ValueError, match=r"policy_chosen_logps\[\] = 2.0"):
+        dpo_loss(torch.tensor(2.0), torch.tensor(-1.0), torch.tensor(-1.0), torch.tensor(-1.0), beta=0.1)

@@ -669,3 +669,19 @@ def test_incremental_decoder_joins_to_the_full_decode(text: str, size: int) -> N
     pieces = [decoder.push(i) for i in range(len(chunks))] + [decoder.flush()]
     assert "".join(pieces) == text == tokenizer.decode(list(range(len(chunks))))
     assert not any("\ufffd" in p for p in pieces)
+
+
+def test_sample_next_names_the_position_of_nan_or_inf_logits():
+    logits = torch.zeros(2, 5)
+    logits[1, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"logits\[1, 3\] = nan"):
+        sample_next(logits)
+    logits[1, 3] = float("inf")
+    with pytest.raises(ValueError, match=r"logits\[1, 3\] = inf"):
+        sample_next(logits, temperature=0)
+    masked = torch.zeros(2, 5)
+    masked[0, :4] = float("-inf")  # -inf masks a token: allowed while one token is left
+    assert sample_next(masked, temperature=0).tolist() == [4, 0]
+    masked[1] = float("-inf")
+    with pytest.raises(ValueError, match="row 1 of logits is -inf for every token"):
+        sample_next(masked)

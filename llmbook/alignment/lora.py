@@ -102,6 +102,9 @@ class LoRALinear(nn.Module):
         if not isinstance(base, nn.Linear):
             raise TypeError(f"base must be a torch.nn.Linear, got {type(base).__name__}")
         self.r, self.alpha, p = _check_hyper(r, alpha, dropout)
+        if self.r > min(base.in_features, base.out_features):
+            raise ValueError(f"r={self.r} exceeds the layer's smaller side, min(d_in={base.in_features}, "
+                             f"d_out={base.out_features}): B A could not have rank r")
         self.scaling = self.alpha / self.r
         self.base = base
         base.requires_grad_(False)

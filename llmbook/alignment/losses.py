@@ -90,6 +90,17 @@ def _check_pairs(ndim_max: int = 1, **tensors: Tensor) -> None:
                          f"got shape {tuple(first.shape)}")
 
 
+def _check_log_probs(**tensors: Tensor) -> None:
+    """Log-probabilities are finite (or -inf) and never above 0: name the first that is not."""
+    for name, t in tensors.items():
+        bad = torch.isnan(t) | (t > 0)
+        if bool(bad.any()):
+            where = tuple(int(i) for i in bad.nonzero()[0]) if t.ndim else ()
+            value = float(t[where]) if t.ndim else float(t)
+            raise ValueError(f"{name} must hold log-probabilities (<= 0, not NaN); "
+                             f"{name}[{', '.join(map(str, where))}] = {value}")
+
+
 def _number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
@@ -203,6 +214,9 @@ def dpo_loss(policy_chosen_logps: Tensor, policy_rejected_logps: Tensor,
     _check_pairs(policy_chosen_logps=policy_chosen_logps,
                  policy_rejected_logps=policy_rejected_logps,
                  ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
+    _check_log_probs(policy_chosen_logps=policy_chosen_logps,
+                     policy_rejected_logps=policy_rejected_logps,
+                     ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
     beta = check_positive_number("beta", beta)
     if loss_type not in DPO_LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {DPO_LOSS_TYPES}, got {loss_type!r}")

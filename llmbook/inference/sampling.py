@@ -89,6 +89,20 @@ def _check_logits(logits: object) -> Tensor:
     return logits
 
 
+def _check_drawable(logits: Tensor) -> None:
+    """Logits (B, V) a token can be drawn from: no NaN, no +inf (-inf masks a token), and
+    not every token of a row masked. The error names the first bad position."""
+    bad = torch.isnan(logits) | (logits == float("inf"))
+    if bool(bad.any()):
+        b, v = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"logits must be finite or -inf (a masked token); logits[{b}, {v}] = "
+                         f"{float(logits[b, v])}")
+    dead = torch.isneginf(logits).all(dim=-1)
+    if bool(dead.any()):
+        raise ValueError(f"row {int(dead.nonzero()[0])} of logits is -inf for every token: "
+                         f"nothing can be drawn")
+
+
 def _check_temperature(temperature: object, allow_zero: bool) -> float:
     if isinstance(temperature, bool) or not isinstance(temperature, int | float):
         raise TypeError(f"temperature must be a number, got {temperature!r}")
@@ -375,6 +389,7 @@ def sample_next(logits: Tensor, temperature: float = 1.0, top_k: int | None = No
     logits = _check_logits(logits)
     if logits.ndim != 2:
         raise ValueError(f"logits must have shape (B, V), got {tuple(logits.shape)}")
+    _check_drawable(logits)
     z = process_logits(logits, previous_ids, temperature=temperature, top_k=top_k, top_p=top_p,
                        min_p=min_p, repetition_penalty=repetition_penalty,
                        no_repeat_ngram_size=no_repeat_ngram_size)

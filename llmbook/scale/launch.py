@@ -138,7 +138,9 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "glo
         *args: passed to every rank (pickled).
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank).
         timeout: seconds the ranks may spend in ``fn``; also the process group's timeout for a
-            collective that some rank never joins.
+            collective that some rank never joins. Starting the processes and joining the
+            group has its own allowance, :data:`STARTUP_SECONDS` (60 s), so a run that hangs
+            is stopped after at most ``STARTUP_SECONDS + timeout`` seconds.
         threads_per_rank: torch's intra-op threads in each process.
         echo: print what each rank wrote to stdout/stderr, rank by rank, after the run. Off by
             default, so that a notebook's output does not depend on the processes' timing; a
@@ -237,8 +239,9 @@ def _collect(procs: Sequence[Any], results: Any,
                                       f"before reporting a result") from None
             elif time.monotonic() > deadline:
                 missing = sorted(set(range(world_size)) - set(values))
-                raise WorkerError(f"ranks {missing} did not finish before the deadline; "
-                                  f"stopped all {world_size} processes") from None
+                raise WorkerError(f"ranks {missing} did not finish before the deadline "
+                                  f"(timeout plus {STARTUP_SECONDS:.0f} s to start and join the "
+                                  f"group); stopped all {world_size} processes") from None
             else:
                 continue
         rank, status, payload, output = message
