@@ -412,3 +412,15 @@ def test_shipped_isoflop_results_are_consistent() -> None:
             assert 6 * r["N"] * r["D"] == pytest.approx(C, rel=0.05)
         n_opts.append(fit_isoflop_parabola([r["N"] for r in runs], [r["val_loss"] for r in runs], points=3)[0])
     assert all(a < b for a, b in zip(n_opts, n_opts[1:], strict=False))  # N_opt grows with the budget
+
+
+def test_scaling_command_runs_a_small_sweep_with_progress(tmp_path, capsys):
+    from llmbook.training.scaling import main
+
+    out = tmp_path / "sweep.json"
+    # d = 12 has N = 1764 non-embedding parameters: C = 6 N B T x 12 gives 12 steps
+    assert main(["--budgets", "260112384", "--widths", "12", "--out", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["d_model"], r["steps"], r["N"]) for r in runs] == [(12, 12, 1764)]
+    printed = capsys.readouterr().out
+    assert "C = 3e+08, d = 12: 12 steps, val loss" in printed and f"wrote 1 runs to {out}" in printed

@@ -7,6 +7,7 @@ counts 1, 2, 3, ... with no errors in the outputs).
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -40,7 +41,8 @@ def problems(nb_dir: Path = NOTEBOOKS) -> list[str]:
     return found
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     found = problems()
     for p in found:
         print("notebook check:", p)
@@ -50,4 +52,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

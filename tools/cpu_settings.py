@@ -13,6 +13,7 @@ that the second nbval pass really tests something on their machine.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -41,7 +42,8 @@ def probe(extra_env: dict[str, str] | None = None) -> dict[str, str]:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     native, second = probe(), probe(SECOND_SETTING)
     setting = " ".join(f"{k}={v}" for k, v in SECOND_SETTING.items())
     print(f"native kernels: {native['capability']}; second setting ({setting}): "
@@ -55,4 +57,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -13,6 +13,7 @@ Exits 1 if any cell differs.
 
 from __future__ import annotations
 
+import argparse
 import configparser
 import copy
 import difflib
@@ -52,8 +53,11 @@ def output_text(cell: nbformat.NotebookNode, subs: list[tuple[re.Pattern[str], s
 
 
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("chapters", nargs="*", help="chapters such as 03_language_modelling "
+                        "(default: all)")
     subs, differ = sanitizers(), 0
-    for py in chapter_sources(argv):
+    for py in chapter_sources(parser.parse_args(argv).chapters):
         committed = nbformat.read(py.with_suffix(".ipynb"), as_version=4)
         fresh = copy.deepcopy(committed)
         for cell in fresh.cells:

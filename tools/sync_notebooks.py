@@ -6,6 +6,7 @@ kernel, and write ``NN_slug.ipynb`` with the outputs. Prints each run time.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import nbformat
@@ -13,7 +14,10 @@ from nbpairs import chapter_sources, execute, read_source, tidy
 
 
 def main(argv: list[str]) -> int:
-    names = [a for arg in argv for a in arg.split()]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("chapters", nargs="*", help="chapters such as 01_tokens, or one "
+                        "space-separated string of them (default: all)")
+    names = [a for arg in parser.parse_args(argv).chapters for a in arg.split()]
     for py in chapter_sources(names):
         nb = read_source(py)
         seconds = execute(nb)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -370,7 +371,7 @@ ISOFLOP_RESULTS = Path(__file__).resolve().parents[2] / "data" / "scaling" / "is
 def isoflop_sweep(budgets: Sequence[float] = (1e10, 3e10, 1e11),
                   widths: Sequence[int] = (12, 16, 24, 32, 48, 64),
                   batch_size: int = 64, context_length: int = 32, max_steps: int = 2500,
-                  seed: int = 0) -> dict[str, Any]:
+                  seed: int = 0, log: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train the iso-FLOP runs of chapter 11 on the synthetic source and return their results.
 
     For each budget C (FLOPs) and each width d, a one-layer Llama-style model (heads of width
@@ -379,7 +380,8 @@ def isoflop_sweep(budgets: Sequence[float] = (1e10, 3e10, 1e11),
     warmup + cosine schedule as long as the run, at the sweep settings of section 11.3,
     and is scored on held-out windows from position 2 (nats/token). Runs that would take more
     than ``max_steps`` or fewer than 10 steps are skipped. One thread, seeded: the same
-    numbers on one machine, close (not bit-equal) on another.
+    numbers on one machine, close (not bit-equal) on another. ``log(run)``, if given, is called
+    with each run's record as it finishes (progress).
     """
     import torch
 
@@ -412,13 +414,38 @@ def isoflop_sweep(budgets: Sequence[float] = (1e10, 3e10, 1e11),
                            num_batches=24, first_position=2)
             runs.append({"C": C, "d_model": d, "N": n_nonemb, "steps": steps,
                          "D": steps * batch_size * context_length, "val_loss": round(val, 4)})
+            if log is not None:  # progress: one line per finished run
+                log(runs[-1])
     return {"entropy_rate": source.entropy_rate(), "batch_size": batch_size,
             "context_length": context_length, "runs": runs,
             "made_by": "python -m llmbook.training.scaling"}
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python -m llmbook.training.scaling``: re-make chapter 11's iso-FLOP sweep and write its
+    JSON (:data:`ISOFLOP_RESULTS` by default; about 9 minutes on 2 cores)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m llmbook.training.scaling", description=main.__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--budgets", type=float, nargs="+", default=[1e10, 3e10, 1e11],
+                        help="compute budgets C in FLOPs")
+    parser.add_argument("--widths", type=int, nargs="+", default=[12, 16, 24, 32, 48, 64],
+                        help="model widths d_model tried at each budget")
+    parser.add_argument("--seed", type=int, default=0, help="seed of data, weights and batches")
+    parser.add_argument("--out", type=Path, default=ISOFLOP_RESULTS, help="where to write the JSON")
+    args = parser.parse_args(argv)
+    began = time.perf_counter()
+    result = isoflop_sweep(tuple(args.budgets), tuple(args.widths), seed=args.seed,
+                           log=lambda run: print(f"[{time.perf_counter() - began:6.0f} s] C = {run['C']:.0e}, "
+                                                 f"d = {run['d_model']:2d}: {run['steps']} steps, "
+                                                 f"val loss {run['val_loss']:.4f}", flush=True))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {len(result['runs'])} runs to {args.out}")
+    return 0
+
+
 if __name__ == "__main__":  # re-make data/scaling/isoflop_sweep.json
-    result = isoflop_sweep()
-    ISOFLOP_RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    ISOFLOP_RESULTS.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {len(result['runs'])} runs to {ISOFLOP_RESULTS}")
+    raise SystemExit(main())
