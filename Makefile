@@ -18,12 +18,14 @@ export PYTHONWARNINGS := ignore:IProgress not found
 # and checks the file's SHA-256.
 ## setup: create .venv (idempotent): torch==2.13.0 first, then llmbook with its dev extras, then
 ## the real model (its SHA-256 checked)
+## TORCH_INDEX: where pip takes torch from, e.g. `make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu`
+## for the CPU-only build on Linux (default: pip's own index, which on Linux serves the CUDA build)
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install --quiet -e '.[dev]'
 	$(PY) -m llmbook.inference.gguf --install
 	@touch $@
