@@ -336,23 +336,26 @@ def seed_everything(seed: int = 0) -> Any:
 
 
 def figures_dir() -> Path:
-    """The book's ``figures/`` folder (created if needed).
+    """Where :func:`save_figure` writes (created if needed).
 
-    ``LLMBOOK_FIGURES`` overrides it; otherwise it is ``figures/`` beside the
-    package in a source checkout, or under the current directory.
+    ``LLMBOOK_FIGURES`` sets it: ``make sync`` (``tools/sync_notebooks.py``), which updates
+    the book, points it at the checkout's committed ``figures/``. Otherwise a reader's own
+    run (JupyterLab, ``python notebooks/04_attention.py``) writes to ``build/figures/`` in a
+    source checkout, which git ignores, so the checkout stays as it was; outside a
+    checkout, to ``figures/`` under the current directory.
     """
     env = os.environ.get("LLMBOOK_FIGURES")
     if env:
         path = Path(env)
     else:
         root = Path(__file__).resolve().parents[1]
-        path = root / "figures" if (root / "notebooks").is_dir() else Path.cwd() / "figures"
+        path = root / "build" / "figures" if (root / "notebooks").is_dir() else Path.cwd() / "figures"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 def save_figure(fig: Any, name: str, dpi: int = 110) -> Path:
-    """Save a matplotlib figure as ``figures/<name>.png`` and return the path.
+    """Save a matplotlib figure as ``<name>.png`` in :func:`figures_dir` and return the path.
 
     ``name`` is a bare file stem such as ``"01_tokens_compression"`` (the chapter's
     number and slug first). The PNG carries no timestamp, so re-running a notebook

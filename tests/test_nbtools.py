@@ -2,6 +2,7 @@
 
 import random
 import time
+from pathlib import Path
 
 import matplotlib
 
@@ -132,9 +133,12 @@ def test_save_figure(tmp_path, monkeypatch):
             save_figure(fig, bad)
 
 
-def test_figures_dir_defaults_to_the_checkout(monkeypatch):
+def test_figures_dir_leaves_the_checkout_clean_unless_asked(monkeypatch):
     monkeypatch.delenv("LLMBOOK_FIGURES", raising=False)
-    assert nbtools.figures_dir().name == "figures"
+    root = Path(nbtools.__file__).resolve().parents[1]
+    assert nbtools.figures_dir() == root / "build" / "figures"  # git ignores build/
+    monkeypatch.setenv("LLMBOOK_FIGURES", str(root / "figures"))  # what make sync sets
+    assert nbtools.figures_dir() == root / "figures"
 
 
 def test_parse_version():

@@ -7,10 +7,11 @@ kernel, and write ``NN_slug.ipynb`` with the outputs. Prints each run time.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import nbformat
-from nbpairs import chapter_sources, execute, read_source, tidy
+from nbpairs import ROOT, chapter_sources, execute, read_source, tidy
 
 
 def main(argv: list[str]) -> int:
@@ -18,6 +19,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("chapters", nargs="*", help="chapters such as 01_tokens, or one "
                         "space-separated string of them (default: all)")
     names = [a for arg in parser.parse_args(argv).chapters for a in arg.split()]
+    # updating the book: its kernels write the committed figures (a reader's run does not)
+    os.environ.setdefault("LLMBOOK_FIGURES", str(ROOT / "figures"))
     for py in chapter_sources(names):
         nb = read_source(py)
         seconds = execute(nb)
