@@ -528,7 +528,8 @@ plt.show()
 centred = true2 - true2.mean()
 slope = float((centred * (stored - stored.mean())).sum() / (centred**2).sum())
 print(f"least-squares slope of the implicit reward on the true reward: {slope:.2f} (1 at the optimum)")
-#
+
+# %% [markdown]
 # ## 19.6 DPO against PPO
 #
 # Both chapters score their policies with one function, `evaluate_policy`: one response

@@ -685,7 +685,7 @@ plt.show()
 # of samples here: taking the most likely token at each step already finds the most likely
 # answer of a 3-token response most of the time. And the plug-in estimate
 # $1-(1-\hat p)^N$ lies below the unbiased one for every problem, since
-# $inom{n-c}{k}/inom nk = \prod_{i<k}rac{n-c-i}{n-i} \le (1-c/n)^k$.
+# $\binom{n-c}{k}/\binom nk = \prod_{i<k}\frac{n-c-i}{n-i} \le (1-c/n)^k$.
 
 # %%
 checks = Checks("test-time compute")

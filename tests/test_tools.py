@@ -63,6 +63,14 @@ def test_unexecuted_and_unpaired_notebooks_are_reported(tmp_path):
     assert any(p.startswith("09_tiny.ipynb: not executed top to bottom") for p in found)
 
 
+def test_a_heading_in_code_and_a_control_character_are_reported(tmp_path):
+    bad = SOURCE.replace("x = 6 * 7", "x = 6 * 7\n#\n# ## 9.1 A section\ns = '$\x08inom nk$'")
+    make_pair(tmp_path, bad, execute=False)
+    found = check_notebooks.problems(tmp_path)
+    assert "09_tiny: cell 1 is code but holds a markdown heading (a missing '# %% [markdown]' marker?)" in found
+    assert "09_tiny: cell 1 holds a control character ('\\x08': a non-raw \\b or \\f?)" in found
+
+
 def test_the_book_itself_is_in_sync():
     assert check_notebooks.problems() == []
 

@@ -2,17 +2,25 @@
 
 A chapter passes when ``NN_slug.py`` and ``NN_slug.ipynb`` both exist, their
 cells are the same, and the ``.ipynb`` was executed top to bottom (execution
-counts 1, 2, 3, ... with no errors in the outputs).
+counts 1, 2, 3, ... with no errors in the outputs). Two slips of the source are
+caught too: a markdown heading left in a code cell (a missing ``# %% [markdown]``
+marker, so the heading shows as a comment) and a control character in a cell (a
+non-raw string's ``\b`` or ``\f`` where ``\binom`` or ``\frac`` was meant).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
 import jupytext
 from nbpairs import NOTEBOOKS, cell_sources
+
+
+HEADING_IN_CODE = re.compile(r"^# #{1,6} \S", re.MULTILINE)
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def problems(nb_dir: Path = NOTEBOOKS) -> list[str]:
@@ -34,7 +42,13 @@ def problems(nb_dir: Path = NOTEBOOKS) -> list[str]:
         if counts != list(range(1, len(counts) + 1)):
             found.append(f"{stem}.ipynb: not executed top to bottom in one run "
                          f"(execution counts {counts[:8]}...; run `make sync NB={stem}`)")
-        for c in nb.cells:
+        for i, c in enumerate(nb.cells):
+            if c.cell_type == "code" and HEADING_IN_CODE.search(c.source):
+                found.append(f"{stem}: cell {i} is code but holds a markdown heading "
+                             f"(a missing '# %% [markdown]' marker?)")
+            if CONTROL.search(c.source):
+                found.append(f"{stem}: cell {i} holds a control character "
+                             f"({CONTROL.search(c.source).group()!r}: a non-raw \\b or \\f?)")
             for out in c.get("outputs", []) if c.cell_type == "code" else []:
                 if out.get("output_type") == "error":
                     found.append(f"{stem}.ipynb: a cell raised {out.get('ename')}")
