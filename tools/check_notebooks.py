@@ -18,7 +18,6 @@ from pathlib import Path
 import jupytext
 from nbpairs import NOTEBOOKS, cell_sources
 
-
 HEADING_IN_CODE = re.compile(r"^# #{1,6} \S", re.MULTILINE)
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
