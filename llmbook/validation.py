@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_floating_tensor", "check_positive_int", "check_positive_number", "check_token_ids"]
+__all__ = ["check_floating_tensor", "check_positive_int", "check_positive_number", "check_probability",
+           "check_token_ids"]
 
 
 def check_positive_int(name: str, value: object) -> int:
@@ -38,6 +39,20 @@ def check_positive_number(name: str, value: object) -> float:
         raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive finite number, got {name}={value}")
+    return float(value)
+
+
+def check_probability(name: str, value: object, allow_zero: bool = True) -> float:
+    """Return ``value`` as a ``float`` if it is a number in [0, 1] ((0, 1] when ``allow_zero``
+    is False), else raise ``TypeError`` (not a number) or ``ValueError`` (outside, or NaN).
+
+    >>> check_probability("top_p", 0.9, allow_zero=False)
+    0.9
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if not ((0 <= value if allow_zero else 0 < value) and value <= 1):
+        raise ValueError(f"{name} must lie in {'[' if allow_zero else '('}0, 1], got {name}={value}")
     return float(value)
 
 

@@ -8,6 +8,7 @@ from llmbook.validation import (
     check_floating_tensor,
     check_positive_int,
     check_positive_number,
+    check_probability,
     check_token_ids,
 )
 
@@ -63,3 +64,16 @@ def test_check_token_ids():
             check_token_ids(bad, "ids")
     with pytest.raises(TypeError, match="ids must be an integer torch.Tensor of token ids, got list"):
         check_token_ids([[0, 1]], "ids")
+
+
+def test_check_probability():
+    assert check_probability("min_p", 0) == 0.0 and check_probability("p", np.float32(0.25)) == 0.25
+    assert check_probability("top_p", 1, allow_zero=False) == 1.0
+    with pytest.raises(ValueError, match=r"top_p must lie in \(0, 1\], got top_p=0"):
+        check_probability("top_p", 0, allow_zero=False)
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"min_p must lie in \[0, 1\]"):
+            check_probability("min_p", bad)
+    for bad in (True, "0.5", None):
+        with pytest.raises(TypeError, match="p must be a number"):
+            check_probability("p", bad)

@@ -33,6 +33,8 @@ import sympy as sp
 import torch
 from torch import Tensor
 
+from llmbook.validation import check_probability
+
 __all__ = [
     "expected_max_gaussian",
     "expected_max_uniform_symbolic",
@@ -56,11 +58,7 @@ def _count(name: str, value: object, minimum: int = 1) -> int:
 
 
 def _probability(p: object) -> float:
-    if isinstance(p, bool) or not isinstance(p, int | float):
-        raise TypeError(f"p must be a number, got {p!r}")
-    if not 0 <= p <= 1:
-        raise ValueError(f"p must lie in [0, 1], got p={p}")
-    return float(p)
+    return check_probability("p", p)
 
 
 # ---------------------------------------------------------------- self-consistency

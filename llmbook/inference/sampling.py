@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from llmbook.inference.fast_decode import StaticKVCache, compiled_decode_step, decode_step
 from llmbook.inference.kvcache import KVCache
 from llmbook.transformer.model import TransformerLM
+from llmbook.validation import check_probability
 
 __all__ = [
     "BigramLM",
@@ -121,19 +122,11 @@ def _check_top_k(k: object) -> int:
 
 
 def _check_top_p(p: object) -> float:
-    if isinstance(p, bool) or not isinstance(p, int | float):
-        raise TypeError(f"top_p must be a number, got {p!r}")
-    if not 0 < p <= 1:
-        raise ValueError(f"top_p must lie in (0, 1], got top_p={p}")
-    return float(p)
+    return check_probability("top_p", p, allow_zero=False)
 
 
 def _check_min_p(p: object) -> float:
-    if isinstance(p, bool) or not isinstance(p, int | float):
-        raise TypeError(f"min_p must be a number, got {p!r}")
-    if not 0 <= p <= 1:
-        raise ValueError(f"min_p must lie in [0, 1], got min_p={p}")
-    return float(p)
+    return check_probability("min_p", p)
 
 
 def _check_penalty(penalty: object) -> float:
