@@ -40,6 +40,7 @@ from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
 from llmbook.transformer.positional import (
     LearnedPositions,
     RotaryEmbedding,
+    _rotate_pairs,
     alibi_bias,
     alibi_slopes,
     apply_rotary,
@@ -304,9 +305,14 @@ print("d_k = 6: R_m^T R_n = R_(n-m) and d(score)/dm = 0 with n = m + r")
 # looked up in a table computed once. The tables are indexed by **explicit positions**, a
 # $(T,)$ or $(B, T)$ integer tensor, because with a KV cache (chapter 13) or left padding the
 # positions of a block of queries do not start at 0 and may differ across the batch.
+# `apply_rotary` checks its arguments and hands the rotation to `_rotate_pairs`, which the
+# fast decoding loop of chapter 13 calls directly, its shapes checked once.
 
 # %%
 show_source(apply_rotary)
+
+# %%
+show_source(_rotate_pairs)
 
 # %%
 show_source(RotaryEmbedding)

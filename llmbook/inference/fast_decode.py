@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from llmbook.transformer.model import TransformerLM
+from llmbook.transformer.positional import _rotate_pairs
 from llmbook.validation import check_positive_int
 
 __all__ = [
@@ -309,7 +310,7 @@ def decode_step(model: TransformerLM, ids: Tensor, start: Tensor, cache: StaticK
         v = attn.v_proj(h).view(B, T, c.n_kv_heads, c.d_head).transpose(1, 2)
         if rope is not None:
             cos, sin = rope.cos[pos].to(q.dtype), rope.sin[pos].to(q.dtype)  # (T, d_head/2)
-            q, k = _rotate(q, cos, sin, rope.interleaved), _rotate(k, cos, sin, rope.interleaved)
+            q, k = _rotate_pairs(q, cos, sin, rope.interleaved), _rotate_pairs(k, cos, sin, rope.interleaved)
         cache.keys[layer].index_copy_(2, pos, k.to(cache.keys[layer].dtype))
         cache.values[layer].index_copy_(2, pos, v.to(cache.values[layer].dtype))
         z = F.scaled_dot_product_attention(q, cache.keys[layer].to(q.dtype),
@@ -319,16 +320,6 @@ def decode_step(model: TransformerLM, ids: Tensor, start: Tensor, cache: StaticK
         x = x + block.mlp(block.mlp_norm(x))  # (B, T, d)
     h = model.final_norm(x)
     return F.linear(h, model.embed.weight) if model.lm_head is None else model.lm_head(h)
-
-
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    """RoPE without input checks (chapter 5's apply_rotary): x (B, H, T, d_head)."""
-    if interleaved:
-        a, b = x[..., 0::2], x[..., 1::2]
-        return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
-    half = x.shape[-1] // 2
-    a, b = x[..., :half], x[..., half:]
-    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
 
 
 _COMPILED: weakref.WeakKeyDictionary[nn.Module, Callable[..., Tensor]] = weakref.WeakKeyDictionary()

@@ -219,10 +219,17 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False)
         raise ValueError(
             f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x of shape {tuple(x.shape)}"
         )
+    return _rotate_pairs(x, cos, sin, interleaved)
+
+
+def _rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """The rotation of :func:`apply_rotary` without its checks, for a decoding loop that has
+    checked its shapes once (``llmbook.inference.fast_decode``)."""
     if interleaved:
         a, b = x[..., 0::2], x[..., 1::2]  # (..., d/2) each
         out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (..., d/2, 2)
         return out.flatten(-2)  # (..., d)
+    half = x.shape[-1] // 2
     a, b = x[..., :half], x[..., half:]  # (..., d/2) each
     return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)  # (..., d)
 
