@@ -57,7 +57,7 @@ from IPython.display import display
 from llmbook.inference import ggml_quants
 from llmbook.inference.fast_decode import Int4Linear
 from llmbook.inference.ggml_kquants import q4_k_m_types
-from llmbook.inference.gguf import load_model, read_gguf, smollm2_path
+from llmbook.inference.gguf import load_model, read_gguf, smollm2_path, tensor_types
 from llmbook.inference.gguf_file import block_layout
 from llmbook.inference.gptq import (
     awq_scale_model,
@@ -84,12 +84,15 @@ from llmbook.inference.quant import (
     stored_bits_per_weight,
 )
 from llmbook.inference.real_quant import (
+    LINEAR_INPUTS,
     SWEEP_JSON,
     apply_state,
     build_variant,
     heldout_ids,
     ids_sha256,
+    linear_inputs,
     perplexity,
+    requantize_ggml,
 )
 from llmbook.nbtools import Checks, ClaimGrades, save_figure, seed_everything, show_source
 from llmbook.text.data import default_source
@@ -848,13 +851,9 @@ for name, (fn, nbytes) in variants.items():
 
 # %%
 source = read_gguf(smollm2_path())
-by_type = {}
-for t in source.tensors.values():
-    count, weights, n_bytes = by_type.get(t.qtype, (0, 0, 0))
-    by_type[t.qtype] = (count + 1, weights + t.n_elements, n_bytes + t.n_bytes)
 print(source)
 print(f"{'type':5s} {'tensors':>7s} {'weights':>12s} {'bytes':>12s} {'bits/weight':>11s}")
-for qtype, (count, weights, n_bytes) in by_type.items():
+for qtype, (count, weights, n_bytes) in tensor_types(source).items():
     print(f"{qtype:5s} {count:7d} {weights:12,d} {n_bytes:12,d} {8 * n_bytes / weights:11.3f}")
 print("shapes of the Q4_1 tensors:", sorted({t.shape for t in source.tensors.values() if t.qtype == "Q4_1"}))
 
@@ -1019,29 +1018,21 @@ checks
 # embedding rows, against ggml's formats on the same weights:
 
 # %%
-def absmax_over_7(x):
-    """The claim's rule on each row of x: scale = max|x| / 7, codes round(x / scale) in -7..7."""
-    scale = np.abs(x).max(-1, keepdims=True) / 7
-    return np.clip(np.round(x / scale), -7, 7), scale
-
-
 def relative_rmse(back):
     """RMS error over RMS weight of the 2048 rows, in float64."""
     return float(np.sqrt(((back.reshape(E_rows.shape) - E_rows) ** 2).mean() / (E_rows**2).mean()))
 
 
-def round_trip(x, qtype):
-    flat = x.reshape(-1, block_layout(qtype)[0])  # Q4_K: 256 consecutive weights, 2.25 per row
-    return ggml_quants.dequantize(ggml_quants.quantize(flat, qtype), qtype, flat.shape)
-
-
-q_claim, s_claim = absmax_over_7(E_f32.reshape(1, -1))  # one scale for the whole matrix
-q_block, s_block = absmax_over_7(E_f32.reshape(-1, 32))  # the same rule per block of 32
+# The claim's rule is section 15.1's absmax quantiser at b = 4: scale = max|w| / 7, codes
+# round(w / scale) in -7..7 (Q4_K below: blocks of 256 consecutive weights, 2.25 per row)
+claim_q = quantize_absmax(torch.from_numpy(E_f32), 4)  # one scale for the whole matrix
+block_q = quantize_absmax(torch.from_numpy(E_f32), 4, group_size=32)  # the same rule per block of 32
+q_claim = claim_q.q.numpy()
 q4_0_bytes = ggml_quants.quantize(E_f32, "Q4_0").reshape(-1, 18)[:, 2:]  # 16 bytes of codes per block
 q4_0_codes = np.concatenate([q4_0_bytes & 0x0F, q4_0_bytes >> 4])
-claim_stats = {"claim: absmax / 7, one scale per matrix": relative_rmse(q_claim * s_claim),
-               "claim's rule per block of 32": relative_rmse(q_block * s_block),
-               **{f"ggml {q}": relative_rmse(round_trip(E_f32, q)) for q in ("Q4_0", "Q4_1", "Q4_K")}}
+claim_stats = {"claim: absmax / 7, one scale per matrix": relative_rmse(dequantize(claim_q).numpy()),
+               "claim's rule per block of 32": relative_rmse(dequantize(block_q).numpy()),
+               **{f"ggml {q}": relative_rmse(requantize_ggml(E_f32, q)) for q in ("Q4_0", "Q4_1", "Q4_K")}}
 print(f"{'4-bit scheme':40s} {'relative RMS error':>19s}")
 for name, err in claim_stats.items():
     print(f"{name:40s} {err:19.3f}")
@@ -1205,24 +1196,8 @@ checks
 # input channel over the tokens, and the ratio of the largest channel to the median one.
 
 # %%
-def capture_linear_inputs(model, ids):
-    """Inputs (T, d_in) of q_proj (= k, v), o_proj, gate_proj (= up) and down_proj, per layer."""
-    wanted = {"attention input": "attn.q_proj", "o_proj input": "attn.o_proj",
-              "MLP input": "mlp.gate_proj", "down_proj input": "mlp.down_proj"}
-    seen, handles = {k: [] for k in wanted}, []
-    for block in model.blocks:
-        for kind, path in wanted.items():
-            handles.append(block.get_submodule(path).register_forward_pre_hook(
-                lambda _m, args, kind=kind: seen[kind].append(args[0][0].detach())))
-    with torch.no_grad():
-        model(ids[None])
-    for h in handles:
-        h.remove()
-    return {k: torch.stack(v) for k, v in seen.items()}  # (L, T, d_in) each
-
-
 model64 = copy.deepcopy(model_real).double()
-inputs = capture_linear_inputs(model64, ids_real[:n_check])
+inputs = linear_inputs(model64, ids_real[:n_check])  # name -> (30, 256, d_in)
 print(f"{'input of':16s} {'d_in':>5s} {'max/median, median layer':>25s} {'largest':>8s} {'in layer':>8s} "
       f"{'top channel (layers)':>21s}")
 outlier_summary = {}
@@ -1265,9 +1240,7 @@ plt.show()
 # its captured inputs as calibration:
 
 # %%
-W_worst = model64.blocks[worst_layer].get_submodule(
-    {"attention input": "attn.q_proj", "o_proj input": "attn.o_proj", "MLP input": "mlp.gate_proj",
-     "down_proj input": "mlp.down_proj"}[worst_kind]).weight.detach()
+W_worst = model64.blocks[worst_layer].get_submodule(LINEAR_INPUTS[worst_kind]).weight.detach()
 X_worst = inputs[worst_kind][worst_layer]
 W_awq, awq_stats = awq_scale_search(W_worst, X_worst, 4, 32)
 top_s = set(awq_stats["scales"].argsort(descending=True)[:5].tolist())

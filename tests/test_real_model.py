@@ -19,11 +19,13 @@ from llmbook.inference.gguf import (
     book_name,
     config_from_gguf,
     describe,
+    file_sha256,
     load_model,
     main,
     read_gguf,
     smollm2_path,
     state_dict_from_gguf,
+    tensor_types,
     transformers_peer,
 )
 from llmbook.inference.sampling import generate
@@ -127,6 +129,17 @@ def test_describe_and_the_command_line(capsys):
     assert "Q4_1    210" in text and "Q8_0      1" in text
     assert main([]) == 0 and "tokenizer.ggml.tokens" in capsys.readouterr().out
     assert main(["--verify"]) == 0 and "ok" in capsys.readouterr().out
+
+
+def test_tensor_types_and_file_hash(tmp_path):
+    f = read_gguf(smollm2_path())
+    types = tensor_types(f)
+    assert list(types) == ["Q8_0", "F32", "Q4_1"]  # the order they first appear in the file
+    assert types["Q4_1"] == (210, 106_168_320, 66_355_200)  # 20 bytes per 32 weights
+    assert sum(c for c, _, _ in types.values()) == len(f.tensors) == 272
+    (tmp_path / "abc").write_bytes(b"abc")
+    assert file_sha256(tmp_path / "abc") == \
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"  # FIPS 180-2's example
 
 
 def test_missing_model_says_how_to_install_it(monkeypatch, tmp_path):

@@ -25,6 +25,7 @@ from llmbook.inference.ggml_quants import dequantize, quantize
 from llmbook.inference.gptq import quantize_model
 from llmbook.inference.real_quant import (
     CHECK_TOKENS,
+    LINEAR_INPUTS,
     SWEEP_JSON,
     VARIANTS,
     apply_state,
@@ -32,6 +33,7 @@ from llmbook.inference.real_quant import (
     format_bits,
     heldout_ids,
     ids_sha256,
+    linear_inputs,
     llama_cpp_type,
     perplexity,
     quantize_blockwise,
@@ -263,3 +265,22 @@ def test_build_variant_bad_input(real):
         build_variant("Q3_K", source, model)
     with pytest.raises(ValueError, match="needs calib_ids"):
         build_variant("GPTQ", source, model)
+
+
+def test_linear_inputs_are_what_each_layer_receives():
+    """One forward pass with hooks = gptq's capture of one layer at a time."""
+    from llmbook.inference.gptq import _capture_inputs
+
+    model = tiny_llama(4)
+    ids = torch.randint(0, 40, (11,), generator=torch.Generator().manual_seed(5))
+    got = linear_inputs(model, ids)
+    assert {k: tuple(v.shape) for k, v in got.items()} == {
+        "attention input": (2, 11, 64), "o_proj input": (2, 11, 64), "MLP input": (2, 11, 64),
+        "down_proj input": (2, 11, 96)}
+    for kind, path in LINEAR_INPUTS.items():
+        for layer, block in enumerate(model.blocks):
+            expected = _capture_inputs(model, block.get_submodule(path), ids[None])  # (T, d_in)
+            assert torch.equal(got[kind][layer], expected), (kind, layer)
+    assert not any(m._forward_pre_hooks for m in model.modules())  # the hooks are gone
+    with pytest.raises(ValueError, match="1-D integer tensor"):
+        linear_inputs(model, ids[None])

