@@ -55,31 +55,35 @@ RESULTS = ROOT / "benchmarks" / "results" / "real_model.json"
 MESSAGES = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
 
 
-def bench_transformers(hf, prompt, n, repeats):
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            hf.generate(prompt, max_new_tokens=1, min_new_tokens=1, do_sample=False)
-            t1 = time.perf_counter()
-            out = hf.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-            t2 = time.perf_counter()
-        best = min(best, (t2 - t1) - (t1 - t0))  # the n - 1 steps after the first token
-    return (n - 1) / best, out[:, prompt.shape[1]:]
-
-
-def bench_book(model, prompt, n, repeats, kv_cache="dynamic"):
-    """The book's generate (greedy): tokens/s of the n - 1 steps after the first new token."""
-    generate(model, prompt, 3, temperature=0, kv_cache=kv_cache)  # warm up (and compile)
+def best_rate(run, n, repeats):
+    """Tokens/s of the n - 1 decode steps after the first new token, best of ``repeats``:
+    the time of ``run(n)`` minus that of ``run(1)`` (the prompt and the first token);
+    ``run(k)`` generates k tokens greedily and returns them (1, k)."""
     best, out = float("inf"), None
     for _ in range(repeats):
         t0 = time.perf_counter()
-        generate(model, prompt, 1, temperature=0, kv_cache=kv_cache)
+        run(1)
         t1 = time.perf_counter()
-        out = generate(model, prompt, n, temperature=0, kv_cache=kv_cache)
+        out = run(n)
         t2 = time.perf_counter()
         best = min(best, (t2 - t1) - (t1 - t0))
-    return (n - 1) / best, out[:, prompt.shape[1]:]
+    return (n - 1) / best, out
+
+
+def bench_transformers(hf, prompt, n, repeats):
+    def run(k):
+        with torch.no_grad():
+            out = hf.generate(prompt, max_new_tokens=k, min_new_tokens=k, do_sample=False)
+        return out[:, prompt.shape[1]:]
+    return best_rate(run, n, repeats)
+
+
+def bench_book(model, prompt, n, repeats, kv_cache="dynamic"):
+    """The book's generate (greedy), after a warm-up (which also compiles)."""
+    def run(k):
+        return generate(model, prompt, k, temperature=0, kv_cache=kv_cache)[:, prompt.shape[1]:]
+    run(3)
+    return best_rate(run, n, repeats)
 
 
 def bench_llama_cpp(path, prompt_ids, n, threads, repeats):
