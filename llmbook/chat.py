@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TextIO
 
 import torch
@@ -49,20 +49,21 @@ def reply(model: Any, tokenizer: Any, messages: list[dict[str, str]], *, max_new
         raise ValueError(f"the conversation ({prompt.shape[1]} tokens) fills the model's "
                          f"context of {model.config.max_seq_len}; /reset to start again")
     decoder = IncrementalDecoder(tokenizer, skip_special_tokens=True)
+    tokens = stream(model, prompt, min(max_new_tokens, limit), temperature, top_k, top_p,
+                    generator=generator, min_p=min_p, repetition_penalty=repetition_penalty,
+                    stop_ids=list(tokenizer.stop_token_ids), kv_cache=kv_cache)
+
+    def texts() -> Iterator[str]:  # the text each token completes, then what is left
+        for token in tokens:
+            yield decoder.push(int(token[0]))
+        yield decoder.flush()
+
     pieces = []
-    for token in stream(model, prompt, min(max_new_tokens, limit), temperature, top_k, top_p,
-                        generator=generator, min_p=min_p, repetition_penalty=repetition_penalty,
-                        stop_ids=list(tokenizer.stop_token_ids), kv_cache=kv_cache):
-        text = decoder.push(int(token[0]))
+    for text in texts():
         if text:
             pieces.append(text)
             if on_text is not None:
                 on_text(text)
-    rest = decoder.flush()
-    if rest:
-        pieces.append(rest)
-        if on_text is not None:
-            on_text(rest)
     return "".join(pieces).strip()
 
 
