@@ -249,3 +249,32 @@ def test_generate_with_the_compiled_step_equals_eager():
     assert compiled_decode_step(model) is compiled_decode_step(model)  # compiled once
     with pytest.raises(ValueError, match="kv_cache"):
         generate(model, prompt, 2, kv_cache="paged")
+
+
+def test_quantize_for_decode_keeps_the_files_own_q4_1_codes(monkeypatch):
+    from llmbook.inference.gguf import load_model
+
+    path = smollm2_path()
+    source = read_gguf(path)
+    model, _ = load_model(path)
+    rounded_again, _ = load_model(path)
+    read_from_file = []
+    original = Int4Linear.from_q4_1.__func__
+
+    def spy(cls, data, shape):
+        read_from_file.append(tuple(shape))
+        return original(cls, data, shape)
+
+    monkeypatch.setattr(Int4Linear, "from_q4_1", classmethod(spy))
+    quantize_for_decode(model, source, head="int8")
+    assert len(read_from_file) == 210  # every projection from the file's bytes
+    monkeypatch.undo()
+    quantize_for_decode(rounded_again, None, head="int8")  # min-max rounding of the float weights
+    for layer, path_in_block, name in ((0, "attn.q_proj", "attn_q"), (29, "mlp.down_proj", "ffn_down"),
+                                       (7, "attn.v_proj", "attn_v")):
+        t = source.tensors[f"blk.{layer}.{name}.weight"]
+        from_file = Int4Linear.from_q4_1(t.data, t.shape)
+        for m in (model, rounded_again):  # Q4_1's grid is min-max: rounding it again is exact
+            got = m.blocks[layer].get_submodule(path_in_block)
+            assert torch.equal(got.packed, from_file.packed), (layer, name)
+            assert torch.equal(got.scales_and_zeros, from_file.scales_and_zeros), (layer, name)

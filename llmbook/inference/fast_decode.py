@@ -203,9 +203,6 @@ class Int8Linear(nn.Module):
 
 _PROJECTIONS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj",
                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-_GGUF_OF = {"attn.q_proj": "attn_q", "attn.k_proj": "attn_k", "attn.v_proj": "attn_v",
-            "attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-            "mlp.down_proj": "ffn_down"}
 
 
 def quantize_for_decode(model: TransformerLM, source: object | None = None,
@@ -226,12 +223,14 @@ def quantize_for_decode(model: TransformerLM, source: object | None = None,
         raise ValueError(f"head must be 'int8', 'int4' or 'float', got {head!r}")
     if model.config.mlp != "swiglu" or model.config.qkv_bias or model.config.mlp_bias:
         raise ValueError("quantize_for_decode takes Llama-style models (SwiGLU, no biases)")
-    tensors = getattr(source, "tensors", {})
+    from llmbook.inference.gguf import book_name  # GGUF's tensor names, in the book's words
+
+    tensors = {book_name(n): t for n, t in getattr(source, "tensors", {}).items()}
     for layer, block in enumerate(model.blocks):
         for path in _PROJECTIONS:
             parent_name, attr = path.split(".")
             parent = getattr(block, parent_name)
-            t = tensors.get(f"blk.{layer}.{_GGUF_OF[path]}.weight")
+            t = tensors.get(f"blocks.{layer}.{path}.weight")
             if t is not None and t.qtype == "Q4_1":
                 new = Int4Linear.from_q4_1(t.data, t.shape)
             else:
