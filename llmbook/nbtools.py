@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from llmbook.paths import source_checkout
+
 __all__ = [
     "VERDICTS",
     "Checks",
@@ -348,8 +350,8 @@ def figures_dir() -> Path:
     if env:
         path = Path(env)
     else:
-        root = Path(__file__).resolve().parents[1]
-        path = root / "build" / "figures" if (root / "notebooks").is_dir() else Path.cwd() / "figures"
+        root = source_checkout()
+        path = root / "build" / "figures" if root is not None else Path.cwd() / "figures"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -1,9 +1,9 @@
 """The package's architecture: one subpackage per part of the book, dependencies one way.
 
 A part may import from earlier parts and from the shared helpers at the top of
-``llmbook`` (``nbtools``, ``validation``, ``environment``), never from a later part, and no
+``llmbook`` (``nbtools``, ``validation``, ``environment``, ``paths``), never from a later part, and no
 module may take part in an import cycle. The reader's commands at the top of ``llmbook``
-(``python -m llmbook.chat``) sit after every part: they may import any part, and nothing
+(``python -m llmbook.chat``, the ``llmbook`` console script) sit after every part: they may import any part, and nothing
 in the package may import them. Every ``import`` statement counts, including
 those inside functions and under ``if TYPE_CHECKING:``: a lazy import is still a
 dependency.
@@ -22,9 +22,10 @@ import llmbook
 
 #: The parts in book order; a module may import only from its own part or earlier ones.
 PARTS = ["text", "transformer", "training", "inference", "alignment", "scale"]
-HELPERS = {"llmbook", "llmbook.nbtools", "llmbook.validation", "llmbook.environment"}
+HELPERS = {"llmbook", "llmbook.nbtools", "llmbook.validation", "llmbook.environment",
+           "llmbook.paths"}
 #: Commands a reader runs (``python -m llmbook.chat``): they rank after every part.
-COMMANDS = {"llmbook.chat"}
+COMMANDS = {"llmbook.chat", "llmbook.cli"}
 ROOT = Path(llmbook.__file__).resolve().parent
 
 

@@ -60,6 +60,7 @@ from llmbook.inference.ggml_quants import (
 from llmbook.inference.gguf_file import GGUFFile, block_layout
 from llmbook.inference.gptq import quantize_model, quantize_rtn
 from llmbook.inference.quant import quantize_nf4
+from llmbook.paths import data_path
 
 __all__ = [
     "HELDOUT_PROSE",
@@ -83,9 +84,8 @@ __all__ = [
     "window_bounds",
 ]
 
-_ROOT = Path(__file__).resolve().parents[2]
-HELDOUT_PROSE = _ROOT / "data" / "heldout_prose.txt"
-SWEEP_JSON = _ROOT / "data" / "quantisation" / "smollm2_sweep.json"
+HELDOUT_PROSE = data_path("heldout_prose.txt")
+SWEEP_JSON = data_path("quantisation", "smollm2_sweep.json")
 WINDOW = 512  # tokens per perplexity window (stride = window)
 CALIB_SHAPE = (4, 512)  # calibration windows x tokens, from the standard library's docs
 GROUP = 32  # RTN/GPTQ/AWQ groups: 128, common for larger models, does not divide 576

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llmbook.paths import data_path, missing_data
+
 __all__ = ["load_stdlib_docs", "stdlib_docs_path"]
 
 
 def stdlib_docs_path() -> Path:
-    """Path of ``data/stdlib_docs.txt`` in the source checkout (``FileNotFoundError`` if absent)."""
-    path = Path(__file__).resolve().parents[2] / "data" / "stdlib_docs.txt"
+    """Path of ``stdlib_docs.txt`` in the book's data (:func:`llmbook.paths.data_dir`).
+
+    ``FileNotFoundError`` naming the remedies if it is absent.
+    """
+    path = data_path("stdlib_docs.txt")
     if not path.is_file():
-        raise FileNotFoundError(f"the corpus {path} is missing; rebuild it with "
-                                f"`python data/make_stdlib_docs.py`")
+        raise missing_data(path, "the corpus", "python data/make_stdlib_docs.py")
     return path
 
 

@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from llmbook.paths import data_path, missing_data
+
 __all__ = ["PublishedComparison", "WorkedExample", "grade", "load_the_cat_sat"]
 
 VERDICTS = ("agrees", "rounded inputs", "truncated", "last digit", "error")
@@ -42,7 +44,10 @@ _MATRICES = ("E", "W_Q", "W_K", "W_V", "W1", "b1", "W2", "b2", "W_out")
 
 
 def _path() -> Path:
-    return Path(__file__).resolve().parents[2] / "data" / "worked_examples" / "the_cat_sat.json"
+    path = data_path("worked_examples", "the_cat_sat.json")
+    if not path.is_file():
+        raise missing_data(path, "the worked example")
+    return path
 
 
 def _decimals(x: Any) -> Any:

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from llmbook.paths import data_path, missing_data
 from llmbook.text.data import default_source
 from llmbook.training.train import TrainConfig, evaluate, train
 from llmbook.transformer.model import TransformerConfig, TransformerLM
@@ -92,12 +93,12 @@ COMMAND = "make models  (= python -m llmbook.training.pretrained)"
 
 
 def models_dir() -> Path:
-    """``data/models`` in the source checkout, where the shipped weights live.
+    """``models/`` in the book's data (:func:`llmbook.paths.data_dir`), where the weights live.
 
     ``LLMBOOK_MODELS`` overrides it (``make models`` into another folder, or tests).
     """
     env = os.environ.get("LLMBOOK_MODELS")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "data" / "models"
+    return Path(env) if env else data_path("models")
 
 
 def recipe_hash(kind: str) -> str:
@@ -243,8 +244,7 @@ def book_model(kind: str = "synthetic", retrain: bool = False) -> tuple[Transfor
     folder = models_dir() / kind
     info_path, weights = folder / "info.json", folder / "model.safetensors"
     if not (info_path.is_file() and weights.is_file()):
-        raise ValueError(f"the shipped {kind!r} model is missing from {folder}; "
-                         f"`make models` trains and writes it")
+        raise missing_data(folder, f"the shipped {kind!r} model", COMMAND, error=ValueError)
     info = json.loads(info_path.read_text())
     if info.get("recipe_hash") != recipe_hash(kind):
         raise ValueError(f"the shipped {kind!r} model in {folder} was made from recipe "

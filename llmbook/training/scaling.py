@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from llmbook.paths import data_path
+
 __all__ = [
     "CHINCHILLA_CONSTANTS",
     "ISOFLOP_RESULTS",
@@ -365,7 +367,7 @@ def fit_isoflop_parabola(N: object, loss: object, points: int | None = None
     return float(math.exp(-coeffs[1] / (2 * coeffs[0]))), coeffs
 
 
-ISOFLOP_RESULTS = Path(__file__).resolve().parents[2] / "data" / "scaling" / "isoflop_sweep.json"
+ISOFLOP_RESULTS = data_path("scaling", "isoflop_sweep.json")
 
 
 def isoflop_sweep(budgets: Sequence[float] = (1e10, 3e10, 1e11),
