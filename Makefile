@@ -38,9 +38,10 @@ book: setup
 site: setup
 	$(PY) tools/build_book.py --render-only
 
-## lab: open the book in JupyterLab
+## lab: open the book in JupyterLab (rooted at notebooks/: each chapter listed once, as a
+## notebook paired with its .py source, so saved edits land in both; see tools/lab.py)
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab --config=tools/jupyter_lab_config.py
 
 ## test: lint, notebook-pair checks, unit tests, strict nbval over every notebook (natively and
 ## under a second CPU setting), and a check that the run left the checkout as it found it

@@ -20,6 +20,14 @@ KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "nam
 TIMEOUT_S = 600
 
 
+#: The pairing each ``.ipynb`` carries (as ``notebooks/jupytext.toml`` says). The filters
+#: matter to JupyterLab: opening a chapter's ``.py`` when its ``.ipynb`` is newer (as after
+#: every ``make sync``), jupytext compares the two, and without them it renders the
+#: ``.ipynb`` with a metadata header the ``.py`` lacks and refuses to open it.
+JUPYTEXT = {"formats": "ipynb,py:percent", "notebook_metadata_filter": "-all",
+            "cell_metadata_filter": "tags,-all"}
+
+
 def chapter_sources(names: list[str] | None = None) -> list[Path]:
     """The chapter sources ``notebooks/NN_*.py``, all of them or the ones named."""
     if not names:
@@ -39,7 +47,7 @@ def chapter_sources(names: list[str] | None = None) -> list[Path]:
 def read_source(py: Path) -> nbformat.NotebookNode:
     """Read a py:percent source as a notebook with the book's kernelspec."""
     nb = jupytext.read(py, fmt="py:percent")
-    nb.metadata = {"kernelspec": dict(KERNELSPEC), "jupytext": {"formats": "ipynb,py:percent"}}
+    nb.metadata = {"kernelspec": dict(KERNELSPEC), "jupytext": dict(JUPYTEXT)}
     return nb
 
 
