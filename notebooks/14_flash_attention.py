@@ -396,7 +396,7 @@ plt.show()
 
 # %% [markdown]
 # The naive curve lies on the $8T^2$ line: every doubling of $T$ quadruples the memory.
-# The tiled curve grows linearly and is a factor of 60 lower at $T = 4096$; at $T = 128$k
+# The tiled curve grows linearly and is a factor of 61 lower at $T = 4096$; at $T = 128$k
 # the naive version would need 128 GiB per head, the tiled one about 64 MiB.
 
 # %% [markdown]

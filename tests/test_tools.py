@@ -118,3 +118,21 @@ def test_tidy_gives_stable_ids_and_no_timestamps(tmp_path):
     assert [c["id"] for c in first.cells] == [f"cell-{i}" for i in range(len(first.cells))]
     assert all("execution" not in c.metadata for c in first.cells)
     assert nbformat.writes(first) == nbformat.writes(again)  # re-execution: the same file
+
+
+def test_sync_markdown_only_copies_prose_and_refuses_changed_code(executed_pair, tmp_path):
+    import sync_notebooks
+
+    for f in executed_pair.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    py, ipynb = tmp_path / "09_tiny.py", tmp_path / "09_tiny.ipynb"
+    py.write_text(SOURCE.replace("A tiny chapter", "A small chapter"))
+    assert sync_notebooks.sync_markdown(py) is True
+    nb = jupytext.read(ipynb)
+    assert nb.cells[0].source == "# 9 A small chapter"
+    assert nb.cells[1].outputs[0]["data"]["text/plain"] == "42"  # outputs kept, nothing run
+    assert check_notebooks.problems(tmp_path) == []
+    assert sync_notebooks.sync_markdown(py) is False
+    py.write_text(SOURCE.replace("6 * 7", "6 * 8"))
+    with pytest.raises(SystemExit, match="code cell 1 differs"):
+        sync_notebooks.sync_markdown(py)
