@@ -71,6 +71,16 @@ def test_a_heading_in_code_and_a_control_character_are_reported(tmp_path):
     assert "09_tiny: cell 1 holds a control character ('\\x08': a non-raw \\b or \\f?)" in found
 
 
+def test_a_notebook_without_the_pairing_metadata_is_reported(executed_pair, tmp_path):
+    for f in executed_pair.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    nb = nbformat.read(tmp_path / "09_tiny.ipynb", 4)
+    nb.metadata["jupytext"] = {"formats": "ipynb,py:percent"}  # as synced before the filters
+    nbformat.write(nb, tmp_path / "09_tiny.ipynb")
+    found = check_notebooks.problems(tmp_path)
+    assert len(found) == 1 and found[0].startswith("09_tiny.ipynb: its jupytext metadata is")
+
+
 def test_the_book_itself_is_in_sync():
     assert check_notebooks.problems() == []
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import jupytext
-from nbpairs import NOTEBOOKS, cell_sources
+from nbpairs import JUPYTEXT, NOTEBOOKS, cell_sources
 
 HEADING_IN_CODE = re.compile(r"^# #{1,6} \S", re.MULTILINE)
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -37,6 +37,9 @@ def problems(nb_dir: Path = NOTEBOOKS) -> list[str]:
         if cell_sources(src) != cell_sources(nb):
             found.append(f"{stem}: .py and .ipynb cells differ (run `make sync NB={stem}`)")
             continue
+        if nb.metadata.get("jupytext") != JUPYTEXT:
+            found.append(f"{stem}.ipynb: its jupytext metadata is {nb.metadata.get('jupytext')}, "
+                         f"not the book's pairing {JUPYTEXT} (run `make sync NB={stem}`)")
         counts = [c.get("execution_count") for c in nb.cells if c.cell_type == "code"]
         if counts != list(range(1, len(counts) + 1)):
             found.append(f"{stem}.ipynb: not executed top to bottom in one run "
