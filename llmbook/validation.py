@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_floating_tensor", "check_positive_int", "check_positive_number", "check_probability",
-           "check_token_ids"]
+__all__ = ["check_finite", "check_floating_tensor", "check_index", "check_nonempty",
+           "check_nonnegative_number", "check_positive_int", "check_positive_number", "check_probability",
+           "check_same_dtype", "check_token_ids"]
 
 
 def check_positive_int(name: str, value: object) -> int:
@@ -40,6 +41,33 @@ def check_positive_number(name: str, value: object) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive finite number, got {name}={value}")
     return float(value)
+
+
+def check_nonnegative_number(name: str, value: object) -> float:
+    """Return ``value`` as a ``float`` if it is a finite real number >= 0 (not a bool), else raise.
+
+    >>> check_nonnegative_number("latency", 0)
+    0.0
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {name}={value}")
+    return float(value)
+
+
+def check_index(name: str, value: object, size: int) -> int:
+    """Return ``value`` as an ``int`` if it is an integer (not a bool) in [0, ``size``), else
+    raise ``TypeError`` (not an int) or ``ValueError`` (out of range): ranks, layers, heads.
+
+    >>> check_index("rank", 1, 4)
+    1
+    """
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if not 0 <= value < size:
+        raise ValueError(f"{name} must be an int in [0, {size}), got {name}={value}")
+    return int(value)
 
 
 def check_probability(name: str, value: object, allow_zero: bool = True) -> float:
@@ -80,4 +108,35 @@ def check_floating_tensor(x: object, name: str) -> Any:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    return x
+
+
+def check_finite(x: Any, name: str, allow_inf: bool = False) -> Any:
+    """Return the tensor ``x`` if it holds no NaN (and no +-inf unless ``allow_inf``), else raise
+    ``ValueError`` naming ``name``, the first offending entry and its value: a NaN that enters
+    a loss comes out as a NaN loss, far from its cause."""
+    import torch
+
+    bad = torch.isnan(x) if allow_inf else ~torch.isfinite(x)
+    if bool(bad.any()):
+        where = tuple(int(i) for i in bad.nonzero()[0]) if x.ndim else ()
+        what = "NaN" if allow_inf else "NaN or inf"
+        raise ValueError(f"{name} must not hold {what}; {name}[{', '.join(map(str, where))}] = "
+                         f"{x[where].item()}")
+    return x
+
+
+def check_nonempty(x: Any, name: str) -> Any:
+    """Return the tensor ``x`` if it has at least one entry, else raise ``ValueError`` naming
+    ``name`` and its shape (a mean over nothing is NaN, a loop over nothing builds nothing)."""
+    if x.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(x.shape)}): need at least one entry")
+    return x
+
+
+def check_same_dtype(x: Any, name: str, like: Any, like_name: str) -> Any:
+    """Return the tensor ``x`` if its dtype is that of ``like``, else raise ``TypeError`` naming
+    both (a float64 input to float32 weights fails deep inside a matmul, or silently promotes)."""
+    if x.dtype != like.dtype:
+        raise TypeError(f"{name} must have the dtype of {like_name}, {like.dtype}, got {x.dtype}")
     return x

@@ -77,3 +77,51 @@ def test_check_probability():
     for bad in (True, "0.5", None):
         with pytest.raises(TypeError, match="p must be a number"):
             check_probability("p", bad)
+
+
+def test_check_nonnegative_number():
+    from llmbook.validation import check_nonnegative_number
+
+    assert check_nonnegative_number("latency", 0) == 0.0 and check_nonnegative_number("alpha", 2) == 2.0
+    for bad in (-1e-9, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="latency must be a finite number >= 0, got latency="):
+            check_nonnegative_number("latency", bad)
+    for bad in (True, "1", None):
+        with pytest.raises(TypeError, match="latency must be a number"):
+            check_nonnegative_number("latency", bad)
+
+
+def test_check_index():
+    from llmbook.validation import check_index
+
+    assert check_index("rank", 0, 2) == 0 and type(check_index("rank", np.int64(1), 2)) is int
+    for bad in (-1, 2):
+        with pytest.raises(ValueError, match=r"rank must be an int in \[0, 2\), got rank="):
+            check_index("rank", bad, 2)
+    for bad in (True, 1.0, "0"):
+        with pytest.raises(TypeError, match="rank must be an int"):
+            check_index("rank", bad, 2)
+
+
+def test_check_finite():
+    from llmbook.validation import check_finite
+
+    x = torch.tensor([[0.0, 1.0], [float("-inf"), 2.0]])
+    assert check_finite(x, "logp", allow_inf=True) is x
+    with pytest.raises(ValueError, match=r"logp must not hold NaN or inf; logp\[1, 0\] = -inf"):
+        check_finite(x, "logp")
+    with pytest.raises(ValueError, match=r"logp must not hold NaN; logp\[0, 1\] = nan"):
+        check_finite(torch.tensor([[0.0, float("nan")]]), "logp", allow_inf=True)
+    with pytest.raises(ValueError, match=r"r must not hold NaN or inf; r\[\] = nan"):
+        check_finite(torch.tensor(float("nan")), "r")
+
+
+def test_check_nonempty_and_same_dtype():
+    from llmbook.validation import check_nonempty, check_same_dtype
+
+    x = torch.zeros(2, 3)
+    assert check_nonempty(x, "q") is x and check_same_dtype(x, "k", x, "q") is x
+    with pytest.raises(ValueError, match=r"q is empty \(shape \(2, 0\)\)"):
+        check_nonempty(torch.zeros(2, 0), "q")
+    with pytest.raises(TypeError, match="k must have the dtype of q, torch.float32, got torch.float64"):
+        check_same_dtype(x.double(), "k", x, "q")

@@ -50,8 +50,13 @@ from llmbook.alignment.logprobs import _check_prompt_response, response_logprobs
 from llmbook.alignment.losses import DPO_LOSS_TYPES, dpo_loss
 from llmbook.alignment.reward_model import pearson_correlation, spearman_correlation
 from llmbook.alignment.shipped import load_artifact, register
+from llmbook.validation import (
+    check_finite,
+    check_positive_int,
+    check_positive_number,
+    check_token_ids,
+)
 from llmbook.validation import check_floating_tensor as _check_floating
-from llmbook.validation import check_positive_int, check_positive_number, check_token_ids
 
 __all__ = [
     "DPO_RECIPE",
@@ -142,7 +147,7 @@ def kl_regularized_objective(policy_probs: Tensor, ref_probs: Tensor, rewards: T
     """
     _check_distribution(policy_probs, "policy_probs")
     _check_distribution(ref_probs, "ref_probs")
-    _check_floating(rewards, "rewards")
+    check_finite(_check_floating(rewards, "rewards"), "rewards")
     for name, t in (("ref_probs", ref_probs), ("rewards", rewards)):
         if tuple(t.shape) != tuple(policy_probs.shape):
             raise ValueError(f"{name} must have the shape of policy_probs, "
@@ -299,6 +304,8 @@ def dpo_step(policy: nn.Module, optimizer: torch.optim.Optimizer, prompts: Tenso
     the step), ``chosen_reward`` and ``rejected_reward`` (batch means of beta log pi/pi_ref)
     and ``grad_norm`` (before clipping to ``grad_clip``, if given).
     """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch Optimizer, got {type(optimizer).__name__}")
     optimizer.zero_grad(set_to_none=True)
     out = dpo_batch_loss(policy, prompts, chosen, rejected, ref_chosen_logps, ref_rejected_logps,
                          beta, loss_type)
@@ -367,15 +374,18 @@ def reward_correlation(predicted: Tensor, true: Tensor) -> tuple[float, float]:
     floats. Needs N >= 2 and neither vector constant.
     """
     for name, t in (("predicted", predicted), ("true", true)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        check_finite(_check_floating(t, name), name)
         if t.ndim != 1:
             raise ValueError(f"{name} must be 1-d (N,), got shape {tuple(t.shape)}")
     if predicted.shape != true.shape:
         raise ValueError(f"predicted and true must have one shape, got {tuple(predicted.shape)} "
                          f"and {tuple(true.shape)}")
     if predicted.numel() < 2:
-        raise ValueError(f"a correlation needs at least 2 values, got {predicted.numel()}")
+        raise ValueError(f"predicted and true need at least 2 values for a correlation, got "
+                         f"{predicted.numel()}")
+    for name, t in (("predicted", predicted), ("true", true)):
+        if bool((t == t[0]).all()):
+            raise ValueError(f"{name} is constant (zero standard deviation): it has no correlation")
     return (float(pearson_correlation(predicted, true)),
             float(spearman_correlation(predicted, true)))
 

@@ -39,8 +39,8 @@ import torch
 from torch import Tensor
 
 from llmbook.text.functional import log_softmax
+from llmbook.validation import check_finite, check_positive_int, check_token_ids
 from llmbook.validation import check_floating_tensor as _check_floating
-from llmbook.validation import check_positive_int, check_token_ids
 
 __all__ = [
     "masked_mean",
@@ -76,7 +76,23 @@ def _check_prompt_response(prompt_ids: object, response_ids: object, prompt_name
         raise ValueError(f"{prompt_name} and {response_name} need P >= {min_prompt} and R >= 1 tokens "
                          f"per row (the first response token is predicted at the last prompt "
                          f"token), got P={P}, R={R}")
+    for name, ids in ((prompt_name, prompt_ids), (response_name, response_ids)):
+        if ids.numel() and int(ids.min()) < 0:
+            raise ValueError(f"{name} must hold token ids >= 0, found {int(ids.min())}")
     return B, P, R
+
+
+def _check_logits(logits: object) -> Tensor:
+    """Floating logits (..., V) with V >= 1, holding no NaN and no +inf (-inf is a masked-out
+    token, of probability 0): a NaN logit turns the whole log-softmax row into NaN."""
+    _check_floating(logits, "logits")
+    if logits.ndim == 0 or logits.shape[-1] == 0:
+        raise ValueError(f"logits must have a non-empty vocabulary axis (..., V), got shape "
+                         f"{tuple(logits.shape)}")
+    check_finite(logits, "logits", allow_inf=True)
+    if bool((logits == float("inf")).any()):
+        raise ValueError("logits must not hold +inf (its softmax is inf/inf = NaN)")
+    return logits
 
 
 def _check_mask(mask: object, like: Tensor, name: str = "mask",
@@ -116,9 +132,9 @@ def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
     Equals ``torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]`` and is
     differentiable in ``logits``.
     """
-    _check_floating(logits, "logits")
+    _check_logits(logits)
     check_token_ids(targets, "targets")
-    if logits.ndim == 0 or tuple(targets.shape) != tuple(logits.shape[:-1]):
+    if tuple(targets.shape) != tuple(logits.shape[:-1]):
         raise ValueError(f"logits of shape {tuple(logits.shape)} need targets of shape "
                          f"{tuple(logits.shape[:-1])}, got targets of shape {tuple(targets.shape)}")
     V = logits.shape[-1]
@@ -200,9 +216,7 @@ def token_entropy(logits: Tensor) -> Tensor:
     In nats; any leading shape. Computed from the stable log-softmax; vocabulary entries
     with logit -inf (probability 0) contribute 0 (the limit of p log p), not NaN.
     """
-    _check_floating(logits, "logits")
-    if logits.ndim == 0:
-        raise ValueError("logits must have a vocabulary axis, got a 0-d tensor")
+    _check_logits(logits)
     logp = log_softmax(logits, dim=-1)  # (..., V)
     p = torch.exp(logp)
     plogp = torch.where(p > 0, p * logp, torch.zeros_like(p))

@@ -46,8 +46,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from llmbook.alignment.logprobs import _check_mask, masked_mean, masked_sum
+from llmbook.validation import (
+    check_finite,
+    check_nonempty,
+    check_positive_int,
+    check_positive_number,
+)
 from llmbook.validation import check_floating_tensor as _check_floating
-from llmbook.validation import check_positive_int, check_positive_number
 
 __all__ = [
     "GRPOLossOutput",
@@ -71,10 +76,11 @@ GRPO_AGGREGATIONS = ("sequence_mean", "token_mean", "constant")
 
 
 def _check_same_shape(**tensors: Tensor) -> None:
-    """All the named tensors are floating and share one shape (no broadcasting)."""
+    """All the named tensors are floating, non-empty, free of NaN (-inf is a legal
+    log-probability) and share one shape (no broadcasting)."""
     items = list(tensors.items())
     for name, t in items:
-        _check_floating(t, name)
+        check_finite(check_nonempty(_check_floating(t, name), name), name, allow_inf=True)
     first_name, first = items[0]
     for name, t in items[1:]:
         if tuple(t.shape) != tuple(first.shape):
@@ -127,7 +133,7 @@ def _clip_range(clip_eps: object, clip_eps_high: object) -> tuple[float, float]:
 
 def _per_sequence_to_tokens(adv: Tensor, like: Tensor, name: str) -> Tensor:
     """``adv`` of ``like``'s shape, or one value per row (``like.shape[:-1]``) spread over tokens."""
-    _check_floating(adv, name)
+    check_finite(_check_floating(adv, name), name)
     if tuple(adv.shape) == tuple(like.shape):
         return adv
     if like.ndim >= 1 and tuple(adv.shape) == tuple(like.shape[:-1]):
@@ -217,6 +223,8 @@ def dpo_loss(policy_chosen_logps: Tensor, policy_rejected_logps: Tensor,
     _check_log_probs(policy_chosen_logps=policy_chosen_logps,
                      policy_rejected_logps=policy_rejected_logps,
                      ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
+    for name, t in (("ref_chosen_logps", ref_chosen_logps), ("ref_rejected_logps", ref_rejected_logps)):
+        check_finite(t, name)  # log pi_ref = -inf: the log-ratio is -inf - -inf or +inf
     beta = check_positive_number("beta", beta)
     if loss_type not in DPO_LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {DPO_LOSS_TYPES}, got {loss_type!r}")
@@ -247,7 +255,7 @@ def dpo_loss(policy_chosen_logps: Tensor, policy_rejected_logps: Tensor,
                 if tuple(lengths.shape) != tuple(chosen_ratio.shape):
                     raise ValueError(f"{name} must have the shape of the log-probabilities, "
                                      f"{tuple(chosen_ratio.shape)}, got {tuple(lengths.shape)}")
-                if bool((lengths <= 0).any()):
+                if not bool((lengths > 0).all()):  # NaN too
                     raise ValueError(f"{name} must be positive token counts, got {lengths.tolist()}")
             chosen_ratio_avg = chosen_ratio / chosen_lengths.to(chosen_ratio.dtype)
             rejected_ratio_avg = rejected_ratio / rejected_lengths.to(rejected_ratio.dtype)
@@ -272,7 +280,7 @@ def policy_gradient_loss(logprobs: Tensor, rewards: Tensor, baseline: Tensor | f
     (detached). Any baseline that does not depend on the sampled response leaves the
     expected gradient unchanged and can only reduce its variance.
     """
-    _check_floating(logprobs, "logprobs")
+    _check_same_shape(logprobs=logprobs)
     if logprobs.ndim == 2:
         if mask is None:
             raise ValueError("per-token logprobs (B, T) need a mask (B, T) of response tokens")
@@ -284,14 +292,14 @@ def policy_gradient_loss(logprobs: Tensor, rewards: Tensor, baseline: Tensor | f
         seq_logps = logprobs
     else:
         raise ValueError(f"logprobs must be (B,) or (B, T), got shape {tuple(logprobs.shape)}")
-    _check_floating(rewards, "rewards")
+    check_finite(_check_floating(rewards, "rewards"), "rewards")
     if tuple(rewards.shape) != tuple(seq_logps.shape):
         raise ValueError(f"rewards must have shape {tuple(seq_logps.shape)} (one per sequence), "
                          f"got {tuple(rewards.shape)}")
     weight = rewards.detach()
     if baseline is not None:
         if isinstance(baseline, Tensor):
-            _check_floating(baseline, "baseline")
+            check_finite(_check_floating(baseline, "baseline"), "baseline")
             if baseline.ndim != 0 and tuple(baseline.shape) != tuple(rewards.shape):
                 raise ValueError(f"baseline must be a scalar or have the shape of rewards, "
                                  f"{tuple(rewards.shape)}, got {tuple(baseline.shape)}")
@@ -445,7 +453,7 @@ def group_normalized_rewards(rewards: Tensor, group_size: int, normalize_std: bo
     (Dr. GRPO's recommendation, trl's ``scale_rewards="none"``). The advantages of each group
     sum to zero; a group whose rewards are all equal gets zero advantages (no signal).
     """
-    _check_floating(rewards, "rewards")
+    check_finite(_check_floating(rewards, "rewards"), "rewards")
     if rewards.ndim != 1:
         raise ValueError(f"rewards must be 1-d (N,), got shape {tuple(rewards.shape)}")
     group_size = check_positive_int("group_size", group_size)
@@ -508,7 +516,7 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor | None, ref_logprobs: Tenso
     Returns ``GRPOLossOutput(loss, kl, clip_fraction)``; ``kl`` is the token mean of k3
     (None without ``ref_logprobs``), ``clip_fraction`` as in :func:`ppo_policy_loss`.
     """
-    _check_floating(logprobs, "logprobs")
+    _check_same_shape(logprobs=logprobs)
     if logprobs.ndim != 2:
         raise ValueError(f"logprobs must be (B, T), got shape {tuple(logprobs.shape)}")
     if old_logprobs is None:

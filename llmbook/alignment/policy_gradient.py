@@ -20,6 +20,7 @@ is checked where the exact answer is known:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import sympy as sp
@@ -27,8 +28,8 @@ import torch
 from torch import Tensor
 
 from llmbook.alignment.losses import KLEstimates, kl_estimators
+from llmbook.validation import check_finite, check_positive_int
 from llmbook.validation import check_floating_tensor as _check_floating
-from llmbook.validation import check_positive_int
 
 __all__ = [
     "clipped_surrogate_grad",
@@ -42,8 +43,8 @@ __all__ = [
 
 
 def _check_logits_rewards(logits: object, f: object) -> None:
-    _check_floating(logits, "logits")
-    _check_floating(f, "f")
+    check_finite(_check_floating(logits, "logits"), "logits")
+    check_finite(_check_floating(f, "f"), "f")
     if logits.ndim != 1 or logits.shape != f.shape or logits.shape[0] < 2:
         raise ValueError(f"logits and f must be 1-d of one length K >= 2, got shapes "
                          f"{tuple(logits.shape)} and {tuple(f.shape)}")
@@ -109,6 +110,8 @@ def score_function_samples(logits: Tensor, f: Tensor, num_samples: int, generato
         if baseline.numel() != 1:
             raise ValueError(f"baseline must be a number (one constant), got shape {tuple(baseline.shape)}")
         baseline = float(baseline)
+    if isinstance(baseline, bool) or not isinstance(baseline, int | float) or not math.isfinite(baseline):
+        raise ValueError(f"baseline must be a finite number, got baseline={baseline!r}")
     pi = torch.softmax(logits.detach(), dim=0)  # (K,)
     actions = torch.multinomial(pi, num_samples, replacement=True, generator=generator)  # (N,)
     score = torch.nn.functional.one_hot(actions, pi.shape[0]).to(pi.dtype) - pi  # (N, K)
@@ -159,8 +162,12 @@ def sample_kl_estimators(p: Tensor, q: Tensor, num_samples: int, generator: torc
     _check_floating(q, "q")
     if p.ndim != 1 or p.shape != q.shape:
         raise ValueError(f"p and q must be 1-d of one length, got {tuple(p.shape)} and {tuple(q.shape)}")
-    if bool((p <= 0).any()) or bool((q <= 0).any()):
-        raise ValueError("p and q must be positive everywhere (their logs appear in the estimators)")
+    for name, dist in (("p", p), ("q", q)):
+        if not bool((dist > 0).all()):  # NaN too
+            raise ValueError(f"{name} must be positive everywhere (its log appears in the "
+                             f"estimators), got {name}={dist.tolist()}")
+        if abs(float(dist.sum()) - 1) > 1e-4:
+            raise ValueError(f"{name} must sum to 1 (a distribution), sums to {float(dist.sum())}")
     num_samples = check_positive_int("num_samples", num_samples)
     x = torch.multinomial(p, num_samples, replacement=True, generator=generator)  # (N,)
     return kl_estimators(torch.log(p)[x], torch.log(q)[x])
@@ -212,8 +219,11 @@ def clipped_surrogate_grad(ratio: Tensor, advantages: Tensor, clip_eps: float) -
     the advantage favours* by more than eps; a ratio that moved the wrong way keeps its
     full gradient, which pulls it back. ``ratio`` and ``advantages`` have one shape.
     """
-    _check_floating(ratio, "ratio")
-    _check_floating(advantages, "advantages")
+    check_finite(_check_floating(ratio, "ratio"), "ratio")
+    check_finite(_check_floating(advantages, "advantages"), "advantages")
+    if not bool((ratio > 0).all()):
+        raise ValueError(f"ratio must be positive (a ratio of probabilities), found "
+                         f"{float(ratio.min())}")
     if ratio.shape != advantages.shape:
         raise ValueError(f"ratio and advantages must have one shape, got {tuple(ratio.shape)} "
                          f"and {tuple(advantages.shape)}")

@@ -61,6 +61,14 @@ def _probability(p: object) -> float:
     return check_probability("p", p)
 
 
+def _probability_tensor(p: Tensor) -> Tensor:
+    """``p`` in float64 if it is a floating tensor with every entry in [0, 1] (no NaN)."""
+    if not p.is_floating_point() or not bool(((p >= 0) & (p <= 1)).all()):
+        raise ValueError(f"p must be a floating tensor with entries in [0, 1], got {p.dtype} "
+                         f"{p.tolist() if p.numel() <= 8 else tuple(p.shape)}")
+    return p.double()
+
+
 # ---------------------------------------------------------------- self-consistency
 
 
@@ -98,8 +106,8 @@ def vote_accuracy(answers: Sequence[Sequence[int | None]], truths: Sequence[int]
     """
     num_votes = _count("num_votes", num_votes)
     if len(answers) != len(truths) or len(answers) == 0:
-        raise ValueError(f"need one list of answers per truth and at least one problem, got "
-                         f"{len(answers)} and {len(truths)}")
+        raise ValueError(f"answers and truths need one list of answers per truth and at least one problem, "
+                         f"got len(answers)={len(answers)} and len(truths)={len(truths)}")
     right = total = 0
     for samples, truth in zip(answers, truths, strict=True):
         if len(samples) < num_votes:
@@ -131,9 +139,7 @@ def majority_probability(p: float | Tensor, n: int) -> float | Tensor:
     """
     n = _count("n", n)
     if isinstance(p, Tensor):
-        if not p.is_floating_point() or bool(((p < 0) | (p > 1)).any()):
-            raise ValueError("p must be a floating tensor with entries in [0, 1]")
-        q = p.double()
+        q = _probability_tensor(p)
     else:
         q = torch.tensor(_probability(p), dtype=torch.float64)
     total = torch.zeros_like(q)
@@ -157,9 +163,7 @@ def pass_at_n(p: float | Tensor, n: int) -> float | Tensor:
     """1 - (1 - p)^n: the probability that at least one of n independent samples is right."""
     n = _count("n", n)
     if isinstance(p, Tensor):
-        if not p.is_floating_point() or bool(((p < 0) | (p > 1)).any()):
-            raise ValueError("p must be a floating tensor with entries in [0, 1]")
-        return 1 - (1 - p.double()) ** n
+        return 1 - (1 - _probability_tensor(p)) ** n
     return 1 - (1 - _probability(p)) ** n
 
 
