@@ -6,7 +6,19 @@ goes or a generic torch error comes back instead."""
 import pytest
 import torch
 
-from llmbook.alignment import dpo, logprobs, losses, policy_gradient, test_time
+from llmbook.alignment import (
+    dpo,
+    logprobs,
+    lora,
+    losses,
+    policy_gradient,
+    ppo,
+    preferences,
+    reasoning,
+    reward_model,
+    test_time,
+)
+from llmbook.transformer.model import TransformerConfig, TransformerLM
 
 NAN = float("nan")
 INF = float("inf")
@@ -100,5 +112,106 @@ ALIGNMENT_CASES = [
 @pytest.mark.parametrize(("thunk", "error", "match"), [c[1:] for c in ALIGNMENT_CASES],
                          ids=[c[0] for c in ALIGNMENT_CASES])
 def test_alignment_bad_input(thunk, error, match):
+    with pytest.raises(error, match=match):
+        thunk()
+
+
+@pytest.fixture(scope="module")
+def tiny_lm():
+    config = TransformerConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2, max_seq_len=16,
+                               fused_attention=False)
+    return TransformerLM(config, generator=torch.Generator().manual_seed(0))
+
+
+def _ids(*shape):
+    return torch.randint(0, 32, shape, generator=torch.Generator().manual_seed(1))
+
+
+def _rollout(lm):
+    critic = ppo.ValueModel(lm)
+    return critic, ppo.rollout(lm, lm, critic, _ids(4, 3), 2, lambda p, r: torch.zeros(4),
+                               generator=torch.Generator().manual_seed(0))
+
+
+MODEL_CASES = [
+    ("rollout NaN scores", lambda lm: ppo.rollout(lm, lm, ppo.ValueModel(lm), _ids(2, 3), 2,
+                                                  lambda p, r: torch.full((2,), NAN)),
+     ValueError, "reward_fn's scores must not hold NaN"),
+    ("rollout no prompts", lambda lm: ppo.rollout(lm, lm, ppo.ValueModel(lm), _ids(0, 3), 2,
+                                                  lambda p, r: torch.zeros(0)), ValueError, "prompts is empty"),
+    ("ppo_update max_grad_norm 0", lambda lm: ppo.ppo_update(
+        lm, _rollout(lm)[0], _rollout(lm)[1], torch.optim.SGD(lm.parameters(), lr=0.0),
+        torch.optim.SGD(lm.parameters(), lr=0.0), beta=0.1, minibatch_size=2, max_grad_norm=0.0),
+     ValueError, "max_grad_norm must be a positive finite number"),
+    ("ppo_update value_clip NaN", lambda lm: ppo.ppo_update(
+        lm, _rollout(lm)[0], _rollout(lm)[1], torch.optim.SGD(lm.parameters(), lr=0.0),
+        torch.optim.SGD(lm.parameters(), lr=0.0), beta=0.1, minibatch_size=2, value_clip=NAN),
+     ValueError, "value_clip must be a positive finite number"),
+    ("ppo_update optimizer", lambda lm: ppo.ppo_update(
+        lm, _rollout(lm)[0], _rollout(lm)[1], None, torch.optim.SGD(lm.parameters(), lr=0.0), beta=0.1,
+        minibatch_size=2), TypeError, "policy_optimizer must be a torch Optimizer"),
+    ("ppo_update whiten_advantages", lambda lm: ppo.ppo_update(
+        lm, _rollout(lm)[0], _rollout(lm)[1], torch.optim.SGD(lm.parameters(), lr=0.0),
+        torch.optim.SGD(lm.parameters(), lr=0.0), beta=0.1, minibatch_size=2, whiten_advantages="no"),
+     TypeError, "whiten_advantages must be a bool"),
+    ("reward_model_step grad_clip str", lambda lm: reward_model.reward_model_step(
+        reward_model.RewardModel(lm), torch.optim.SGD(lm.parameters(), lr=0.0), _ids(2, 3), _ids(2, 2),
+        _ids(2, 2), grad_clip="1"), TypeError, "grad_clip must be a number"),
+    ("train_reward_model misaligned data", lambda lm: reward_model.train_reward_model(
+        reward_model.RewardModel(lm), preferences.PreferenceData(_ids(8, 3), _ids(7, 2), _ids(8, 2), torch.zeros(8),
+                                                                 torch.zeros(8)), 1, 2, 0.1, torch.Generator()),
+     ValueError, "data: need prompts"),
+    ("train_reward_model warmup_steps -1", lambda lm: reward_model.train_reward_model(
+        reward_model.RewardModel(lm), preferences.PreferenceData(_ids(8, 3), _ids(8, 2), _ids(8, 2), torch.zeros(8),
+                                                                 torch.zeros(8)), 1, 2, 0.1, torch.Generator(),
+        warmup_steps=-1), ValueError, "warmup_steps must be an int >= 0"),
+    ("train_reward_model lr NaN", lambda lm: reward_model.train_reward_model(
+        reward_model.RewardModel(lm), preferences.PreferenceData(_ids(8, 3), _ids(8, 2), _ids(8, 2), torch.zeros(8),
+                                                                 torch.zeros(8)), 1, 2, NAN, torch.Generator()),
+     ValueError, "lr must be a positive finite number"),
+    ("sft_batch negative ids", lambda lm: __import__("llmbook.alignment.sft", fromlist=["sft_batch"]).sft_batch(
+        -_ids(2, 3) - 1, _ids(2, 2)), ValueError, "prompt_ids must hold token ids >= 0"),
+    ("preferences.sample_responses length 0", lambda lm: preferences.sample_responses(lm, _ids(2, 3), 0),
+     ValueError, "length must be positive"),
+    ("preferences.sample_responses batch_size 0", lambda lm: preferences.sample_responses(
+        lm, _ids(2, 3), 2, batch_size=0), ValueError, "batch_size must be positive"),
+    ("preferences.sample_responses float prompts", lambda lm: preferences.sample_responses(
+        lm, torch.zeros(2, 3), 2), TypeError, "prompts must be an integer tensor"),
+    ("evaluate_policy response_tokens 0", lambda lm: preferences.evaluate_policy(
+        lm, lm, _ids(2, 3), torch.tensor([1]), response_tokens=0), ValueError, "response_tokens must be positive"),
+    ("evaluate_policy float keywords", lambda lm: preferences.evaluate_policy(
+        lm, lm, _ids(2, 3), torch.tensor([1.0])), TypeError, "keywords must be a"),
+]
+
+
+@pytest.mark.parametrize(("thunk", "error", "match"), [c[1:] for c in MODEL_CASES],
+                         ids=[c[0] for c in MODEL_CASES])
+def test_alignment_bad_input_with_a_model(tiny_lm, thunk, error, match):
+    with pytest.raises(error, match=match):
+        thunk(tiny_lm)
+
+
+MORE_ALIGNMENT_CASES = [
+    ("pairwise_accuracy NaN", lambda: reward_model.pairwise_accuracy(torch.tensor([NAN]), torch.zeros(1)),
+     ValueError, "r_chosen must not hold NaN"),
+    ("pearson_correlation NaN", lambda: reward_model.pearson_correlation(torch.tensor([0.0, NAN, 1.0]), torch.rand(3)),
+     ValueError, "x must not hold NaN"),
+    ("spearman_correlation NaN", lambda: reward_model.spearman_correlation(torch.rand(3), torch.tensor([0.0, NAN, 1.0])),
+     ValueError, "y must not hold NaN"),
+    ("label_preferences NaN", lambda: preferences.label_preferences(
+        torch.tensor([NAN]), torch.zeros(1), 1.0, torch.Generator()), ValueError, "r_a must not hold NaN"),
+    ("count_trainable_parameters", lambda: lora.count_trainable_parameters(3), TypeError, "model must be a torch.nn.Module"),
+    ("prompt_ids operands", lambda: reasoning.prompt_ids(torch.tensor([[100, 1]])), ValueError,
+     r"problems must hold operands in \[0, 99\]"),
+    ("run_length_toy lr 0", lambda: reasoning.run_length_toy("token_mean", steps=1, lr=0.0), ValueError,
+     "lr must be a positive finite number"),
+    ("run_length_toy num_groups 0", lambda: reasoning.run_length_toy("token_mean", steps=1, num_groups=0),
+     ValueError, "num_groups must be positive"),
+]
+
+
+@pytest.mark.parametrize(("thunk", "error", "match"), [c[1:] for c in MORE_ALIGNMENT_CASES],
+                         ids=[c[0] for c in MORE_ALIGNMENT_CASES])
+def test_more_alignment_bad_input(thunk, error, match):
     with pytest.raises(error, match=match):
         thunk()

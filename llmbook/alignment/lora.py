@@ -240,6 +240,8 @@ def lora_state_dict(model: nn.Module) -> dict[str, Tensor]:
 
 def count_trainable_parameters(model: nn.Module) -> int:
     """The number of parameters with ``requires_grad=True`` (shared ones counted once)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 

@@ -61,8 +61,14 @@ from llmbook.alignment.preferences import (
 )
 from llmbook.alignment.shipped import load_artifact, register
 from llmbook.transformer.model import TransformerLM
+from llmbook.validation import (
+    check_finite,
+    check_nonempty,
+    check_positive_int,
+    check_positive_number,
+    check_token_ids,
+)
 from llmbook.validation import check_floating_tensor as _check_floating
-from llmbook.validation import check_positive_int, check_positive_number, check_token_ids
 
 __all__ = [
     "PPO_RECIPE",
@@ -267,7 +273,7 @@ def rollout(policy: TransformerLM, reference: nn.Module, critic: nn.Module, prom
     policy, the reference and the critic once each on prompt + response, without
     gradients. ``generator`` seeds the sampling.
     """
-    check_token_ids(prompts, "prompts", ndim=2)
+    check_nonempty(check_token_ids(prompts, "prompts", ndim=2), "prompts")
     R = check_positive_int("response_tokens", response_tokens)
     _check_fits(policy, prompts.shape[1], R)
     if not callable(reward_fn):
@@ -282,6 +288,7 @@ def rollout(policy: TransformerLM, reference: nn.Module, critic: nn.Module, prom
     if not isinstance(scores, Tensor) or tuple(scores.shape) != (prompts.shape[0],):
         raise ValueError(f"reward_fn must return one score per prompt, shape ({prompts.shape[0]},), "
                          f"got {getattr(scores, 'shape', type(scores).__name__)}")
+    check_finite(scores, "reward_fn's scores")
     return Rollout(prompts, responses, logprobs, ref_logprobs, values,
                    scores.to(logprobs.dtype), token_entropy(logits))
 
@@ -291,6 +298,19 @@ def rollout(policy: TransformerLM, reference: nn.Module, critic: nn.Module, prom
 
 def _unclipped_surrogate(logprobs: Tensor, old: Tensor, adv: Tensor, mask: Tensor) -> Tensor:
     return -masked_mean(torch.exp(logprobs - old) * adv, mask)
+
+
+def _check_update_options(policy_optimizer: object, critic_optimizer: object, value_clip: object,
+                          max_grad_norm: object, whiten_advantages: object) -> None:
+    """The arguments of :func:`ppo_update` that its losses do not check themselves."""
+    for name, opt in (("policy_optimizer", policy_optimizer), ("critic_optimizer", critic_optimizer)):
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(f"{name} must be a torch Optimizer, got {type(opt).__name__}")
+    for name, value in (("value_clip", value_clip), ("max_grad_norm", max_grad_norm)):
+        if value is not None:
+            check_positive_number(name, value)
+    if not isinstance(whiten_advantages, bool):
+        raise TypeError(f"whiten_advantages must be a bool, got {whiten_advantages!r}")
 
 
 def ppo_update(policy: nn.Module, critic: nn.Module, batch: Rollout, policy_optimizer: torch.optim.Optimizer,
@@ -326,6 +346,7 @@ def ppo_update(policy: nn.Module, critic: nn.Module, batch: Rollout, policy_opti
     epochs = check_positive_int("epochs", epochs)
     if minibatch_size > B:
         raise ValueError(f"minibatch_size={minibatch_size} exceeds the rollout's batch size {B}")
+    _check_update_options(policy_optimizer, critic_optimizer, value_clip, max_grad_norm, whiten_advantages)
     mask = torch.ones_like(batch.logprobs)
     rewards = kl_shaped_rewards(batch.scores, batch.logprobs, batch.ref_logprobs, beta)
     advantages, returns = gae(rewards, batch.values, gamma, lam)

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from llmbook.alignment.shipped import load_artifact, register
+from llmbook.validation import check_finite, check_positive_int, check_token_ids
 
 __all__ = ["KEYWORDS", "PREFERENCE_RECIPE", "PolicyScore", "PreferenceData", "corpus_prompts",
            "evaluate_policy", "keyword_ids", "keyword_reward", "label_preferences", "preference_data",
@@ -56,6 +57,11 @@ def keyword_ids(tokenizer: Any, keywords: tuple[str, ...] | list[str] = KEYWORDS
     return torch.tensor(sorted(set(ids)), dtype=torch.long)
 
 
+def _check_keywords(keywords: object) -> None:
+    if not isinstance(keywords, Tensor) or keywords.dtype != torch.long or keywords.ndim != 1:
+        raise TypeError("keywords must be a (K,) torch.long tensor")
+
+
 def keyword_reward(response_ids: Tensor, keywords: Tensor, mask: Tensor | None = None) -> Tensor:
     """r = number of response tokens in ``keywords``: (B, R) long -> (B,) float.
 
@@ -63,8 +69,7 @@ def keyword_reward(response_ids: Tensor, keywords: Tensor, mask: Tensor | None =
     """
     if not isinstance(response_ids, Tensor) or response_ids.dtype != torch.long or response_ids.ndim != 2:
         raise TypeError("response_ids must be a (B, R) torch.long tensor")
-    if not isinstance(keywords, Tensor) or keywords.dtype != torch.long or keywords.ndim != 1:
-        raise TypeError("keywords must be a (K,) torch.long tensor")
+    _check_keywords(keywords)
     hit = torch.isin(response_ids, keywords)  # (B, R)
     if mask is not None:
         if not isinstance(mask, Tensor) or mask.shape != response_ids.shape:
@@ -105,6 +110,9 @@ def sample_responses(policy: torch.nn.Module, prompts: Tensor, length: int, temp
     """
     from llmbook.inference.sampling import generate
 
+    check_token_ids(prompts, "prompts", ndim=2)
+    check_positive_int("length", length)
+    check_positive_int("batch_size", batch_size)
     parts = []
     for i in range(0, prompts.shape[0], batch_size):
         chunk = prompts[i:i + batch_size]
@@ -119,10 +127,14 @@ def label_preferences(r_a: Tensor, r_b: Tensor, scale: float, generator: torch.G
     ``r_a``, ``r_b``: (N,) -> (N,) bool. The uniform draws come from ``generator``, so a
     label is deterministic given the rewards (which are integers here).
     """
+    for name, r in (("r_a", r_a), ("r_b", r_b)):
+        if not isinstance(r, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(r).__name__}")
+        check_finite(r, name)
     if r_a.shape != r_b.shape or r_a.ndim != 1:
         raise ValueError(f"r_a and r_b must be (N,) of one shape, got {tuple(r_a.shape)}, "
                          f"{tuple(r_b.shape)}")
-    if not scale > 0:
+    if not scale > 0:  # NaN too
         raise ValueError(f"scale must be > 0, got {scale}")
     u = torch.rand(r_a.shape, generator=generator, dtype=torch.float64)
     return u < torch.sigmoid(scale * (r_a - r_b).double())
@@ -204,6 +216,8 @@ def evaluate_policy(policy: torch.nn.Module, reference: torch.nn.Module, prompts
     """
     from llmbook.alignment.logprobs import response_logprobs
 
+    check_positive_int("response_tokens", response_tokens)
+    _check_keywords(keywords)
     gen = torch.Generator().manual_seed(seed)
     responses = sample_responses(policy, prompts, response_tokens, 1.0, gen)
     reward = keyword_reward(responses, keywords)

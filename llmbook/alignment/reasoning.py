@@ -46,7 +46,7 @@ from llmbook.inference.sampling import generate
 from llmbook.training.optim import SGD, AdamW, clip_grad_norm_, cosine_schedule, set_lr
 from llmbook.training.train import param_groups
 from llmbook.transformer.model import TransformerConfig, TransformerLM
-from llmbook.validation import check_positive_int
+from llmbook.validation import check_positive_int, check_positive_number
 
 __all__ = [
     "END",
@@ -195,7 +195,8 @@ def _check_problems(problems: object) -> Tensor:
     if problems.ndim != 2 or problems.shape[1] != 2 or problems.shape[0] == 0:
         raise ValueError(f"problems must have shape (N, 2) with N >= 1, got {tuple(problems.shape)}")
     if bool((problems < 0).any()) or bool((problems > MAX_OPERAND).any()):
-        raise ValueError(f"operands must lie in [0, {MAX_OPERAND}]")
+        raise ValueError(f"problems must hold operands in [0, {MAX_OPERAND}], found "
+                         f"{int(problems.min())}..{int(problems.max())}")
     return problems
 
 
@@ -625,6 +626,8 @@ def run_length_toy(aggregation: str, steps: int = 150, group_size: int = 8, num_
     if aggregation not in GRPO_AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {GRPO_AGGREGATIONS}, got {aggregation!r}")
     steps = check_positive_int("steps", steps)
+    check_positive_int("num_groups", num_groups)
+    check_positive_number("lr", lr)
     policy = LengthToyPolicy(max_length)
     opt = SGD(policy.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed)

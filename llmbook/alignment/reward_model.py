@@ -39,8 +39,14 @@ from llmbook.alignment.losses import bradley_terry_loss
 from llmbook.alignment.preferences import PREFERENCE_RECIPE, PreferenceData, preference_data
 from llmbook.alignment.shipped import load_artifact, register
 from llmbook.transformer.model import TransformerLM
+from llmbook.validation import (
+    check_finite,
+    check_nonnegative_number,
+    check_positive_int,
+    check_positive_number,
+    check_token_ids,
+)
 from llmbook.validation import check_floating_tensor as _check_floating
-from llmbook.validation import check_positive_int, check_token_ids
 
 __all__ = [
     "REWARD_MODEL_RECIPE",
@@ -145,14 +151,24 @@ def _check_pairs(prompts: Tensor, chosen: Tensor, rejected: Tensor) -> None:
         raise ValueError("there are no pairs (N = 0)")
 
 
+def _check_data(data: object, name: str) -> None:
+    """A PreferenceData whose prompts (N, P), chosen and rejected (N, R) line up."""
+    if not isinstance(data, PreferenceData):
+        raise TypeError(f"{name} must be a PreferenceData, got {type(data).__name__}")
+    try:
+        _check_pairs(data.prompts, data.chosen, data.rejected)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{name}: {err}") from None
+
+
 def pairwise_accuracy(r_chosen: Tensor, r_rejected: Tensor) -> Tensor:
     """Fraction of pairs the rewards order like the label: mean of [r_c > r_r] + [r_c = r_r]/2.
 
     (N,), (N,) -> a () tensor. A tie counts one half: a model that cannot tell two
     responses apart is right half the time by guessing.
     """
-    _check_floating(r_chosen, "r_chosen")
-    _check_floating(r_rejected, "r_rejected")
+    check_finite(_check_floating(r_chosen, "r_chosen"), "r_chosen")
+    check_finite(_check_floating(r_rejected, "r_rejected"), "r_rejected")
     if r_chosen.shape != r_rejected.shape or r_chosen.ndim != 1 or r_chosen.numel() == 0:
         raise ValueError(f"r_chosen and r_rejected must be (N,) with N >= 1, of one shape; got "
                          f"{tuple(r_chosen.shape)} and {tuple(r_rejected.shape)}")
@@ -183,8 +199,8 @@ def reward_model_step(model: RewardModel, optimizer: Optimizer, prompts: Tensor,
     (detached), as computed before the step. ``grad_clip`` clips the global gradient norm."""
     if not isinstance(optimizer, Optimizer):
         raise TypeError(f"optimizer must be a torch Optimizer, got {type(optimizer).__name__}")
-    if grad_clip is not None and not grad_clip > 0:
-        raise ValueError(f"grad_clip must be positive or None, got {grad_clip}")
+    if grad_clip is not None:
+        check_positive_number("grad_clip", grad_clip)
     out = reward_model_loss(model, prompts, chosen, rejected, center_coefficient)
     optimizer.zero_grad(set_to_none=True)
     out.loss.backward()
@@ -223,11 +239,16 @@ def train_reward_model(model: RewardModel, data: PreferenceData, steps: int, bat
         raise TypeError(f"data must be a PreferenceData, got {type(data).__name__}")
     steps = check_positive_int("steps", steps)
     batch_size = check_positive_int("batch_size", batch_size)
+    for name, d in (("data", data), ("eval_data", eval_data)):
+        if d is not None:
+            _check_data(d, name)
     N = data.prompts.shape[0]
     if batch_size > N:
         raise ValueError(f"batch_size={batch_size} exceeds the number of pairs, {N}")
-    if not lr > 0:
-        raise ValueError(f"lr must be positive, got {lr}")
+    check_positive_number("lr", lr)
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be an int >= 0, got warmup_steps={warmup_steps!r}")
+    check_nonnegative_number("weight_decay", weight_decay)
     if eval_every is not None:
         eval_every = check_positive_int("eval_every", eval_every)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -285,8 +306,8 @@ def bayes_optimal_accuracy(true_a: Tensor, true_b: Tensor, scale: float) -> Tens
 
 
 def _check_xy(x: Tensor, y: Tensor) -> None:
-    _check_floating(x, "x")
-    _check_floating(y, "y")
+    check_finite(_check_floating(x, "x"), "x")
+    check_finite(_check_floating(y, "y"), "y")
     if x.shape != y.shape or x.ndim != 1 or x.numel() < 2:
         raise ValueError(f"x and y must be (N,) with N >= 2, of one shape; got {tuple(x.shape)} "
                          f"and {tuple(y.shape)}")
