@@ -33,14 +33,39 @@ __all__ = [
     "VERDICTS",
     "Checks",
     "ClaimGrades",
+    "Formula",
     "SourceCode",
     "best_time",
     "figures_dir",
     "format_number",
+    "run_solution_tests",
     "save_figure",
     "seed_everything",
     "show_source",
 ]
+
+
+@dataclass(frozen=True)
+class Formula:
+    """A displayed formula: typeset in a notebook, its LaTeX source as text elsewhere.
+
+    ``display(Formula(r"\\frac{a}{b} = " + sp.latex(expr)))`` renders as display math in
+    Jupyter and on the web page (``_repr_latex_``), and prints the LaTeX source where there
+    is no front end to typeset it (``python notebooks/04_attention.py``), where IPython's
+    own ``Math`` would print ``<IPython.core.display.Math object>``.
+    """
+
+    latex: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.latex, str) or not self.latex.strip():
+            raise ValueError(f"Formula needs a non-empty LaTeX string, got {self.latex!r}")
+
+    def _repr_latex_(self) -> str:
+        return f"$\\displaystyle {self.latex}$"
+
+    def __repr__(self) -> str:
+        return self.latex
 
 
 @dataclass(frozen=True)
@@ -55,6 +80,30 @@ class SourceCode:
 
     def __repr__(self) -> str:
         return self.code
+
+
+def run_solution_tests(solution_file: str | Path) -> int:
+    """Run the tests of a chapter's reference solutions and return pytest's exit status.
+
+    Each ``notebooks/solutions/NN_slug.py`` calls this when run as a script
+    (``python notebooks/solutions/04_attention.py``), so that running it reports whether
+    its answers pass ``tests/test_solutions_NN.py``, one line per test, instead of printing
+    nothing. The tests live in a source checkout; elsewhere it says so and returns 1.
+    """
+    import subprocess
+    import sys
+
+    name = Path(solution_file).name
+    if not (len(name) > 3 and name[:2].isdigit() and name.endswith(".py")):
+        raise ValueError(f"run_solution_tests: expected notebooks/solutions/NN_slug.py, got {name!r}")
+    root = source_checkout()
+    tests = root / "tests" / f"test_solutions_{name[:2]}.py" if root else None
+    if tests is None or not tests.is_file():
+        print(f"the tests of {name} live in the book's repository (tests/test_solutions_{name[:2]}.py)")
+        return 1
+    print(f"checking the reference solutions in {name} with {tests.relative_to(root)}")
+    return subprocess.call([sys.executable, "-m", "pytest", "-v", "-rN", "--no-header",
+                            "-p", "no:cacheprovider", str(tests)], cwd=root)
 
 
 def show_source(obj: Any) -> SourceCode:

@@ -22,9 +22,9 @@ import numpy as np
 import sympy as sp
 import torch
 import torch.nn.functional as F
-from IPython.display import Math, display
+from IPython.display import display
 
-from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.nbtools import Checks, Formula, save_figure, seed_everything, show_source
 from llmbook.text.data import MarkovSource, default_source
 from llmbook.text.functional import (
     cross_entropy,
@@ -72,7 +72,7 @@ def P3_given_12(c, a, b):
 for a, b, c in p:
     assert sp.simplify(P1(a) * P2_given_1(b, a) * P3_given_12(c, a, b) - p[a, b, c] / total) == 0
 product = P1(0) * P2_given_1(1, 0) * P3_given_12(1, 0, 1)
-display(Math(r"P(x_1{=}0)\,P(x_2{=}1 \mid x_1{=}0)\,P(x_3{=}1 \mid x_1{=}0, x_2{=}1) = "
+display(Formula(r"P(x_1{=}0)\,P(x_2{=}1 \mid x_1{=}0)\,P(x_3{=}1 \mid x_1{=}0, x_2{=}1) = "
              + sp.latex(sp.factor(product))))
 print("chain rule holds for all 8 sequences: P(x1) P(x2|x1) P(x3|x1,x2) = p_abc / sum(p)")
 
@@ -135,7 +135,7 @@ def sym_softmax(zs):
 shifted = sym_softmax([zi + const for zi in z])
 for a_, b_ in zip(shifted, sym_softmax(z), strict=True):
     assert sp.simplify(a_ - b_) == 0
-display(Math(r"\operatorname{softmax}(z + c)_1 = " + sp.latex(shifted[0]) + " = "
+display(Formula(r"\operatorname{softmax}(z + c)_1 = " + sp.latex(shifted[0]) + " = "
              + sp.latex(sp.simplify(shifted[0]))))
 print("softmax(z + c) = softmax(z) for all 4 components")
 
@@ -163,7 +163,7 @@ for target in range(V4):
     for i in range(V4):
         assert sp.simplify(sp.diff(loss, z[i]) - (p_sym[i] - (1 if i == target else 0))) == 0
 loss_y2 = -(z[1] - sp.log(sum(sp.exp(zj) for zj in z)))  # target y = 2 (z[1] is z_2)
-display(Math(r"\frac{\partial \ell}{\partial z_2}\Big|_{y=2} = "
+display(Formula(r"\frac{\partial \ell}{\partial z_2}\Big|_{y=2} = "
              + sp.latex(sp.simplify(sp.diff(loss_y2, z[1]))) + r" = p_2 - 1"))
 print("d ell / d z_i = p_i - y_i for all 4 targets and all 4 components")
 
@@ -209,7 +209,7 @@ p_vec = sp.Matrix(sym_softmax(z))  # (4, 1)
 J_sym = p_vec.jacobian(z)  # (4, 4): d p_i / d z_j, by differentiation
 J_formula = sp.diag(*p_vec) - p_vec * p_vec.T
 assert sp.simplify(J_sym - J_formula) == sp.zeros(V4, V4)
-display(Math(r"\frac{\partial p_1}{\partial z_1} = " + sp.latex(sp.factor(J_sym[0, 0]))
+display(Formula(r"\frac{\partial p_1}{\partial z_1} = " + sp.latex(sp.factor(J_sym[0, 0]))
              + r" = p_1 (1 - p_1), \qquad \frac{\partial p_1}{\partial z_2} = "
              + sp.latex(sp.factor(J_sym[0, 1])) + r" = -p_1 p_2"))
 print("d softmax(z) / dz = diag(p) - p p^T for all 16 entries (V = 4)")

@@ -34,7 +34,7 @@ import numpy as np
 import sympy as sp
 import torch
 import torch.nn.functional as F
-from IPython.display import Math, display
+from IPython.display import display
 from sympy.stats import E as expectation
 from sympy.stats import Normal, Rademacher
 from torch.utils.flop_counter import FlopCounterMode
@@ -42,6 +42,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from llmbook.nbtools import (
     Checks,
     ClaimGrades,
+    Formula,
     best_time,
     save_figure,
     seed_everything,
@@ -94,7 +95,7 @@ W_V = sp.Matrix([[1, 0], [0, 1], [0, 0], [1, 1]]) / 2
 Q_ex, K_ex, V_ex = X_ex * W_Q, X_ex * W_K, X_ex * W_V
 S_ex = Q_ex * K_ex.T  # (T, T) raw scores
 S_scaled = S_ex / sp.sqrt(2)  # divided by sqrt(d_k)
-display(Math(r"Q = " + sp.latex(Q_ex) + r",\ K = " + sp.latex(K_ex) + r",\ V = " + sp.latex(V_ex)
+display(Formula(r"Q = " + sp.latex(Q_ex) + r",\ K = " + sp.latex(K_ex) + r",\ V = " + sp.latex(V_ex)
              + r",\ \frac{QK^\top}{\sqrt{2}} = " + sp.latex(S_scaled)))
 
 # %% [markdown]
@@ -112,7 +113,7 @@ def softmax_rows(M):
 A_ex = softmax_rows(S_scaled)  # (T, T)
 Z_ex = A_ex * V_ex  # (T, d_v)
 assert all(sp.simplify(sum(A_ex[r, :]) - 1) == 0 for r in range(3))
-display(Math(r"A_{1,:} = " + sp.latex(A_ex[0, :]) + r",\qquad z_1 = "
+display(Formula(r"A_{1,:} = " + sp.latex(A_ex[0, :]) + r",\qquad z_1 = "
              + sp.latex(sp.simplify(Z_ex[0, :]))))
 
 # %% [markdown]

@@ -35,7 +35,7 @@ import numpy as np
 import sympy as sp
 import torch
 import torch.nn.functional as F
-from IPython.display import Math, display
+from IPython.display import display
 
 from llmbook.inference import flash_triton
 from llmbook.inference.flash import (
@@ -51,7 +51,7 @@ from llmbook.inference.flash import (
     peak_memory_bytes,
     softmax_state,
 )
-from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.nbtools import Checks, Formula, save_figure, seed_everything, show_source
 from llmbook.transformer.attention import causal_mask, scaled_dot_product_attention
 
 g = seed_everything(0)
@@ -142,7 +142,7 @@ intensity_std = 4 * T_s**2 * d_s / (2 * (4 * T_s * d_s + 4 * T_s**2))
 intensity_tiled = 4 * T_s**2 * d_s / (2 * (2 * T_s * d_s + T_s + 2 * T_s * d_s * T_s / Br_s))
 limits = {"standard, T -> oo": sp.limit(intensity_std, T_s, sp.oo),
           "tiled, T -> oo": sp.limit(intensity_tiled, T_s, sp.oo)}
-display(Math(r"I_{\mathrm{standard}} \to " + sp.latex(limits["standard, T -> oo"])
+display(Formula(r"I_{\mathrm{standard}} \to " + sp.latex(limits["standard, T -> oo"])
              + r",\qquad I_{\mathrm{tiled}} \to " + sp.latex(limits["tiled, T -> oo"])))
 
 gpus = {"A100 (1.5 TB/s)": (312e12, 1.5e12, 98304), "H100 SXM": (989e12, 3.35e12, 116736)}
@@ -238,7 +238,7 @@ m_, l_, o_ = merge(state([0, 1]), state([2, 3, 4]))
 softmax_avg = sum(sp.exp(s[i]) * v[i] for i in range(5)) / sum(sp.exp(s[i]) for i in range(5))
 assert is_zero(o_ / l_ - softmax_avg)
 assert is_zero(m_ + sp.log(l_) - sp.log(sum(sp.exp(si) for si in s)))
-display(Math(r"\frac{o}{\ell} = " + sp.latex(sp.simplify(sp.powsimp(sp.expand(o_ / l_))))))
+display(Formula(r"\frac{o}{\ell} = " + sp.latex(sp.simplify(sp.powsimp(sp.expand(o_ / l_))))))
 
 # %% [markdown]
 # Because the merge is **associative** and **commutative**, a row may be cut into blocks
@@ -433,7 +433,7 @@ dP_m, O_m = dO_m * V_m.T, P_m * V_m
 D_P = [sum(P_m[i, j] * dP_m[i, j] for j in range(3)) for i in range(2)]
 D_O = [sum(dO_m[i, c] * O_m[i, c] for c in range(2)) for i in range(2)]
 assert all(sp.expand(x - y) == 0 for x, y in zip(D_P, D_O, strict=True))
-display(Math(r"\frac{\partial \mathcal L}{\partial S_1} = " + sp.latex(sp.factor(dS_formula[0]))
+display(Formula(r"\frac{\partial \mathcal L}{\partial S_1} = " + sp.latex(sp.factor(dS_formula[0]))
              + r",\qquad D_1 = \operatorname{rowsum}(P \odot dP)_1 = " + sp.latex(sp.expand(D_O[0]))))
 
 # %% [markdown]

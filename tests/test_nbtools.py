@@ -232,3 +232,39 @@ def test_claim_grades_table_and_markdown():
     with pytest.raises(ValueError, match="evidence"):
         claims.grade("C9", "x", "  ", "correct")
     assert nbtools.VERDICTS[0] == "correct" and len(nbtools.VERDICTS) == 5
+
+
+def test_formula_typesets_in_a_notebook_and_prints_its_latex_elsewhere():
+    import subprocess
+    import sys
+
+    from llmbook.nbtools import Formula
+
+    f = Formula(r"\frac{a}{b} = 2")
+    assert f._repr_latex_() == r"$\displaystyle \frac{a}{b} = 2$"
+    assert repr(f) == r"\frac{a}{b} = 2"
+    for bad in ("", "   ", 3):
+        with pytest.raises(ValueError, match="non-empty LaTeX string"):
+            Formula(bad)
+    # a script run (no Jupyter front end): IPython's display prints the object
+    script = "from IPython.display import display\nfrom llmbook.nbtools import Formula\n" \
+             "display(Formula(r'E = mc^2'))\n"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True).stdout
+    assert out == "E = mc^2\n"
+
+
+def test_a_solution_file_run_as_a_script_reports_its_tests(tmp_path):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, str(root / "notebooks" / "solutions" / "00_preface.py")],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "checking the reference solutions in 00_preface.py with tests/test_solutions_00.py" \
+        in run.stdout
+    assert "PASSED" in run.stdout and "passed" in run.stdout.splitlines()[-1]
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="expected notebooks/solutions/NN_slug.py"):
+        nbtools.run_solution_tests("notes.py")

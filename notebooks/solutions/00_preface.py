@@ -59,3 +59,9 @@ def exercise_3() -> dict[str, float]:
         "bound_2^-53_e^20": bound,
         "max_rel_error_log1p": float(((accurate - reference).abs() / reference).max()),
     }
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

@@ -85,3 +85,9 @@ def non_additive_pair(tokenizer) -> tuple[str, str]:
         if tokenizer.encode(a + b) != tokenizer.encode(a) + tokenizer.encode(b):
             return a, b
     raise AssertionError("no non-additive pair among the candidates")
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

@@ -86,3 +86,9 @@ def tied_grad_by_hand(
     G_a = (G_z @ E) * (1 - h**2)  # (N, d)
     G_x = G_a @ A.T  # (N, d)
     return grad_output_use + embedding_grad(ids, G_x, V)  # (V, d)
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

@@ -92,3 +92,9 @@ def cross_entropy_decomposition() -> tuple[sp.Expr, sp.Expr, sp.Expr]:
     entropy = -sum(qi * sp.log(qi) for qi in q)
     kl = sum(qi * sp.log(qi / pi) for qi, pi in zip(q, p, strict=True))
     return cross, entropy, kl
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

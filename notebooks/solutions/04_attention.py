@@ -88,3 +88,9 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_o
     dq = s * dS @ k  # (..., T_q, d_k)
     dk = s * dS.transpose(-2, -1) @ q  # (..., T_k, d_k)
     return dq, dk, dv
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

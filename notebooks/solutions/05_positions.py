@@ -91,3 +91,9 @@ def abel_bound_holds(q: torch.Tensor, k: torch.Tensor, distance: int, base: floa
     S = torch.cumsum(phases, 0)  # S_1..S_{d/2}
     bound = ((h_ext[1:] - h_ext[:-1]).abs().max() * S.abs().sum()).item()
     return total, bound
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

@@ -96,3 +96,9 @@ def check_rms_norm_condition_number(x: torch.Tensor, eps: float) -> float:
     ours = rms_norm_jacobian_condition_number(x, eps)
     ref = torch.linalg.cond(rms_norm_jacobian(x, eps=eps))
     return ((ours - ref).abs() / ref).max().item()
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

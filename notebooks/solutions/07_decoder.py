@@ -99,3 +99,9 @@ def uniform_bits_per_byte(text: str, tokenizer=None) -> tuple[float, float]:
     logits = torch.zeros(len(ids), V, dtype=torch.float64)  # (n_tokens, V): knows nothing
     nats = cross_entropy(logits, torch.tensor(ids)).item()  # log V
     return math.exp(nats), nats * len(ids) / (len(data) * math.log(2))
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

@@ -204,3 +204,9 @@ def forward_mode_gradient(mlp: MLP, X: Sequence[Sequence[float]],
         grad.append(mlp_mse(duals, mlp.sizes, X, y).tangent)
         passes += 1
     return grad, passes
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

@@ -177,3 +177,9 @@ def adam_extremal_gradients(t: int, beta1: float = 0.9, beta2: float = 0.999) ->
     """Exercise 4: g_i = w_i / u_i (i = 1..t), the sequence whose step t attains the bound."""
     w, u = _adam_weights(t, beta1, beta2)
     return w / u  # (t,)
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

@@ -148,3 +148,9 @@ def book_block_bytes_16bit() -> sp.Expr:
     count = activation_elements_per_layer_symbolic()
     b, s, h, f = sp.symbols("b s h f", positive=True, integer=True)
     return sp.expand((2 * count["floats"] + count["mask bytes"]).subs(f, 4 * h))
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

@@ -139,3 +139,9 @@ def overtraining(N: float = 7e9, D: float = 2e12,
     C_star = math.exp((lo + hi) / 2)
     return {"loss": target, "C": C, "C_star": C_star, "compute_ratio": C / C_star,
             "N_star": compute_optimal(C_star, constants)[0]}
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

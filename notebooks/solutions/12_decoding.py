@@ -68,3 +68,9 @@ def llama_cache_gib(n_kv_heads: int = 32, seq_len: int = 4096) -> float:
     """Exercise 4: the KV cache of Llama 2 7B (L = 32, d_head = 128) in bfloat16, B = 1, GiB."""
     config = TransformerConfig.llama_style(n_kv_heads=n_kv_heads)
     return kv_cache_bytes(config, 1, seq_len, torch.bfloat16) / 2**30
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

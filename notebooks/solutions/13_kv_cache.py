@@ -69,3 +69,9 @@ def decode_tokens_per_second(n_params: float, batch: int, bytes_per_param: float
 def roofline_batch(bytes_per_param: float, peak_flops: float, bandwidth: float) -> float:
     """Exercise 5: the batch at which 2 N B / peak = b N / bandwidth: B* = b peak / (2 bandwidth)."""
     return bytes_per_param * peak_flops / (2 * bandwidth)
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

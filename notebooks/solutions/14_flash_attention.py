@@ -108,3 +108,9 @@ def sliding_window_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wind
             m, ell, o = merge_softmax_states((m, ell, o), softmax_state(s, v[..., j0:j1, :]))
         outs.append(o / ell.unsqueeze(-1))
     return torch.cat(outs, dim=-2), tiles
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

@@ -98,3 +98,9 @@ def gptq_act_order(W: Tensor, H: Tensor, bits: int, damp: float = 0.01) -> Tenso
     inv = torch.argsort(perm)
     Q, _ = gptq_quantize(W[:, perm], H[perm][:, perm], bits, None, damp=damp)
     return Q[:, inv]
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

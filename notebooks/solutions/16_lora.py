@@ -76,3 +76,9 @@ def stacked_adapter(adapters: list[tuple[Tensor, Tensor, float]]) -> tuple[Tenso
     B = torch.cat([s * B for B, _, s in adapters], dim=1)  # (d_out, r1 + r2)
     A = torch.cat([A for _, A, _ in adapters], dim=0)  # (r1 + r2, d_in)
     return B, A
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

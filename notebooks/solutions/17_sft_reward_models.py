@@ -78,3 +78,9 @@ def padding_fraction(batch: SFTBatch) -> float:
     if batch.example_ids is None:
         raise ValueError("the batch has no example_ids")
     return float((batch.example_ids < 0).double().mean())
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

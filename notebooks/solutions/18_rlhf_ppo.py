@@ -142,3 +142,9 @@ def bandit_ppo(ref_logits: Tensor, rewards: Tensor, beta: float, generator: torc
 def kl_regularised_optimum(ref_logits: Tensor, rewards: Tensor, beta: float) -> Tensor:
     """pi* = softmax(theta_ref + r / beta), the maximiser of E_pi[r] - beta KL(pi || pi_ref)."""
     return torch.softmax(ref_logits + rewards / beta, 0)
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

@@ -89,3 +89,9 @@ def tabular_descent(ref_probs: Tensor, rewards: Tensor, beta: float, weighted: b
             log_pi = torch.log_softmax(logits, -1)  # finite even where pi underflows to 0
             kls.append(float((log_pi.exp() * (log_pi - ref_probs.log())).sum()))
     return kls, torch.softmax(logits.detach(), -1)
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

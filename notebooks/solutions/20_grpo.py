@@ -121,3 +121,9 @@ def measured_token_weight_ratio(lengths: list[int], micro_batch_size: int) -> Te
         (b / N * grpo_loss(naive[rows], None, None, adv[rows], mask[rows], 0.2, 0.0,
                            "token_mean").loss).backward()
     return naive.grad[:, 0] / full.grad[:, 0]
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

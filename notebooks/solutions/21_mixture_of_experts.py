@@ -105,3 +105,9 @@ def balance_with_bias(logits_fn: Callable[[int], Tensor], top_k: int, rate: floa
         seen.append((z, r))
         bias = update_expert_bias(bias, counts, rate)
     return bias, shares, seen
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

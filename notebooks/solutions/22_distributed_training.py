@@ -132,3 +132,9 @@ def smallest_microbatches(num_stages: int, virtual_stages: int, target: float) -
     while not f(count) < target:
         count += 1
     return count
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

@@ -124,3 +124,9 @@ def kernel_gap(A: Tensor, B: Tensor, C: Tensor, delta: float, length: int) -> fl
     K_zoh = ssm_kernel(*zoh_discretize(A, B, delta), C, length)
     K_bil = ssm_kernel(*bilinear_discretize(A, B, delta), C, length)
     return float((K_zoh - K_bil).abs().max())
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))

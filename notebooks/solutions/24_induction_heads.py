@@ -98,3 +98,9 @@ def min_beta(target: float = 1e-2, vocab_size: int = 16, segment_length: int = 1
         else:
             lo = mid
     return hi
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))
