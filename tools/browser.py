@@ -53,6 +53,51 @@ PAGE_REPORT_JS = r"""
 """
 
 
+# Measure what sticks out of the text column or scrolls sideways inside it. ``phone`` limits
+# the elements measured to text and figures (code and tables may scroll on a phone).
+OVERFLOW_JS = r"""
+((phone, width) => {
+  const article = document.querySelector('article.bd-article') || document.querySelector('main');
+  if (!article) return JSON.stringify([]);
+  const box = article.getBoundingClientRect(), style = getComputedStyle(article);
+  const left = box.left + parseFloat(style.paddingLeft) - 1;
+  const right = box.right - parseFloat(style.paddingRight) + 1;
+  const text = 'p, li, dt, dd, h1, h2, h3, h4, h5, blockquote, .admonition, figure, img, caption';
+  const all = text + ', pre, table, div.cell_output, div.output, div.highlight, mjx-container, '
+      + 'div.math-wrapper, div.cell, div.pst-scrollable-table-container, div.table-wrapper';
+  const clipped = (el) => {  // an ancestor below the article scrolls or clips it
+    for (let a = el.parentElement; a && a !== article; a = a.parentElement)
+      if (getComputedStyle(a).overflowX !== 'visible') return true;
+    return false;
+  };
+  const name = (el) => {
+    const cls = [...el.classList].slice(0, 2).join('.');
+    const words = (el.innerText || el.getAttribute('src') || '').trim().replace(/\s+/g, ' ');
+    return `${el.tagName.toLowerCase()}${cls ? '.' + cls : ''} "${words.slice(0, 60)}"`;
+  };
+  const out = [];
+  for (const el of article.querySelectorAll(phone ? text : all)) {
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 || r.height === 0 || el.closest('details:not([open])')) continue;
+    const overflow = getComputedStyle(el).overflowX;
+    const scroll = el.scrollWidth - el.clientWidth;
+    if (overflow !== 'visible' && scroll > 1) {
+      out.push({element: name(el), overflow: 'scrolls', px: scroll});
+    } else if ((r.right > right || r.left < left) && !clipped(el)) {
+      out.push({element: name(el), overflow: 'sticks out',
+                px: Math.round(Math.max(r.right - right, left - r.left))});
+    }
+  }
+  const page = document.documentElement.scrollWidth - Math.min(window.innerWidth, width);
+  if (page > 1) out.push({element: 'the page', overflow: 'scrolls', px: page});
+  return JSON.stringify(out);
+})
+"""
+
+#: The widths (CSS pixels) the overflow is measured at: a laptop and a phone.
+LAPTOP, PHONE = 1280, 390
+
+
 def find_chromium() -> str | None:
     """The path of a Chromium (or Chrome) executable on PATH, or None."""
     for name in CANDIDATES:
@@ -144,6 +189,16 @@ class Chromium:
                 entry = p["entry"]
                 out.append(f"log: {entry.get('text', '')} {entry.get('url', '')}".strip())
         return out
+
+    def set_width(self, width: int, mobile: bool = False) -> None:
+        """Lay the page out as a window ``width`` CSS pixels wide (a phone's if ``mobile``)."""
+        self.call("Emulation.setDeviceMetricsOverride", width=width, height=900 if mobile else 1000,
+                  deviceScaleFactor=2 if mobile else 1, mobile=mobile)
+
+    def overflow(self, width: int, phone: bool = False) -> list[dict[str, Any]]:
+        """What overflows the text column of the page now open, laid out ``width`` pixels
+        wide (see ``OVERFLOW_JS``)."""
+        return json.loads(self.evaluate(f"{OVERFLOW_JS}({'true' if phone else 'false'}, {width})"))
 
     def screenshot(self, path: Path) -> None:
         data = self.call("Page.captureScreenshot", format="png")["data"]

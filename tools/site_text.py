@@ -1,0 +1,388 @@
+"""What the web book changes in its copies of the chapters (``tools/website.py``).
+
+The committed notebooks are rendered as they are, except in the copies Sphinx reads
+(``build/site-src``), where:
+
+* a check table printed by :class:`llmbook.nbtools.Checks` becomes an HTML table that fits
+  the text column (pass mark first, cells that wrap), with a check name that the
+  fixed-width table cut at 48 characters restored from the cell's source when one string
+  literal there starts with it (:func:`checks_to_html`);
+* a paper named in the text, "Vaswani et al. (2017)" or "(Kaplan et al., 2020)", becomes a
+  citation of its ``references.bib`` entry (:func:`cite_papers`, :data:`CITATIONS`);
+* a displayed formula the text refers back to gets a number and the reference a link
+  (:data:`EQUATION_REFS`);
+* a box under the chapter's opening links its notebook, its solutions and the
+  repository, and says how to run it (:func:`chapter_box`).
+"""
+
+from __future__ import annotations
+
+import ast
+import html
+import re
+from typing import Any
+
+import nbformat
+
+_TITLE = re.compile(r"^(?P<title>.*): (?P<ok>\d+)/(?P<all>\d+) passed$")
+_HEADER = re.compile(r"^check +expected +got +pass +error$")
+_RULE = re.compile(r"^-+(?: +-+){4}$")
+
+
+def _string_literals(source: str) -> list[str]:
+    """The plain string literals of a cell's source (f-strings and magics are skipped)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def restore_name(cut: str, literals: list[str]) -> str:
+    """The full check name for ``cut`` (ending in "…") if exactly one literal starts with it."""
+    if not cut.endswith("…"):
+        return cut
+    found = {s for s in literals if s.startswith(cut[:-1]) and len(s) > len(cut) - 1}
+    return found.pop() if len(found) == 1 else cut
+
+
+def _split_row(line: str, spans: list[tuple[int, int]]) -> list[str]:
+    cells = [line[a:b].strip() for a, b in spans[:-1]]
+    return [*cells, line[spans[-1][0]:].strip()]
+
+
+def _table_html(title: str, n_ok: int, n_all: int, rows: list[list[str]], literals: list[str]) -> str:
+    out = [f'<table class="llmbook-checks"><caption>{html.escape(title)}: {n_ok}/{n_all} passed'
+           "</caption>", "<thead><tr><th>pass</th><th>check</th><th>expected</th><th>got</th>"
+           "<th>error</th></tr></thead><tbody>"]
+    for what, expected, got, ok, err in rows:
+        mark = '<td class="ok">✓</td>' if ok == "yes" else '<td class="failed">✗</td>'
+        cells = "".join(f'<td class="value">{html.escape(v)}</td>' for v in (expected, got, err))
+        out.append(f"<tr>{mark}<td>{html.escape(restore_name(what, literals))}</td>{cells}</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def checks_to_html(text: str, source: str = "") -> str | None:
+    """``text`` (a cell's printed output) as HTML with its check tables as tables, or None.
+
+    Lines that are not part of a check table stay as they were, in wrapping pre-formatted
+    blocks. ``source`` is the cell's code, where cut check names are looked up.
+    """
+    lines = text.split("\n")
+    literals = _string_literals(source)
+    parts: list[str] = []
+    plain: list[str] = []
+    found = False
+    i = 0
+    while i < len(lines):
+        m = _TITLE.match(lines[i])
+        if m and i + 2 < len(lines) and _HEADER.match(lines[i + 1]) and _RULE.match(lines[i + 2]):
+            spans = [(x.start(), x.end() + 2) for x in re.finditer(r"-+", lines[i + 2])]
+            rows, i = [], i + 3
+            while i < len(lines) and lines[i].strip() and not _TITLE.match(lines[i]):
+                rows.append(_split_row(lines[i], spans))
+                i += 1
+            if plain:
+                parts.append(_pre("\n".join(plain)))
+                plain = []
+            parts.append(_table_html(m["title"], int(m["ok"]), int(m["all"]), rows, literals))
+            found = True
+            continue
+        plain.append(lines[i])
+        i += 1
+    if not found:
+        return None
+    rest = "\n".join(plain).strip("\n")
+    if rest:
+        parts.append(_pre(rest))
+    return "\n".join(parts)
+
+
+def _pre(text: str) -> str:
+    return f'<pre class="llmbook-output-text">{html.escape(text)}</pre>'
+
+
+def tabulate_checks(nb: nbformat.NotebookNode) -> int:
+    """Turn the check tables of ``nb``'s stream outputs into HTML in place; return how many."""
+    n = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        outputs = []
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stdout":
+                text = out.get("text", "")
+                text = "".join(text) if isinstance(text, list) else text
+                converted = checks_to_html(text, cell.source)
+                if converted is not None:
+                    n += converted.count('class="llmbook-checks"')
+                    out = nbformat.v4.new_output("display_data",
+                                                 data={"text/html": converted, "text/plain": text})
+            outputs.append(out)
+        cell.outputs = outputs
+    return n
+
+
+# ---------------------------------------------------------------- long formulas
+
+#: A formula a notebook displayed (SymPy's LaTeX) longer than this many characters of TeX
+#: is set one term per line (:func:`break_formula`).
+LONG_TEX = 300
+
+
+def _top_level(tex: str) -> list[tuple[int, str]]:
+    """(position, "+"/"-"/"=") of the operators of ``tex`` outside braces and \\left..\\right."""
+    out, depth, i = [], 0, 0
+    while i < len(tex):
+        if tex.startswith("\\left", i) and not tex[i + 5:i + 6].isalpha():  # not \leftarrow
+            depth, i = depth + 1, i + 5
+            continue
+        if tex.startswith("\\right", i) and not tex[i + 6:i + 7].isalpha():
+            depth, i = depth - 1, i + 6
+            continue
+        c = tex[i]
+        depth += (c == "{") - (c == "}")
+        if depth == 0 and c in "+-=" and tex[i - 1:i] == " " and tex[i + 1:i + 2] == " ":
+            out.append((i, c))
+        i += 1
+    return out
+
+
+def break_formula(tex: str) -> str:
+    """``tex`` ("$\\displaystyle lhs = a + b - c$") with each term of its right-hand side on a
+    line of its own, aligned after the "=", if it is longer than :data:`LONG_TEX`."""
+    m = re.fullmatch(r"\$(\\displaystyle\s*)?(.*)\$", tex.strip(), flags=re.S)
+    if not m or len(tex) <= LONG_TEX:
+        return tex
+    body = m.group(2)
+    ops = _top_level(body)
+    eq = next((i for i, c in ops if c == "="), None)
+    cuts = [i for i, c in ops if c in "+-" and (eq is None or i > eq)]
+    if not cuts:
+        return tex
+    lines, start = [], (eq + 1 if eq is not None else 0)
+    for i in cuts:
+        lines.append(body[start:i].strip())
+        start = i
+    lines.append(body[start:].strip())
+    lhs = body[:eq].strip() + " = {}" if eq is not None else ""
+    return ("$\\displaystyle \\begin{aligned} " + lhs + " & " + " \\\\ & ".join(lines)
+            + " \\end{aligned}$")
+
+
+def break_long_formulas(nb: nbformat.NotebookNode) -> int:
+    """Set the long displayed formulas of ``nb``'s outputs one term per line; return how many."""
+    n = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "text/latex" in data:
+                tex = data["text/latex"]
+                tex = "".join(tex) if isinstance(tex, list) else tex
+                broken = break_formula(tex)
+                if broken != tex:
+                    data["text/latex"] = broken
+                    n += 1
+    return n
+
+
+# ---------------------------------------------------------------- citations
+
+#: How the chapters name a paper ("Surname", "Surname & Surname", "Surname et al." and
+#: longer lists, then the year) -> its key in ``references.bib``. Where two papers share a
+#: name and a year, :data:`CHAPTER_CITATIONS` says which one a chapter means.
+CITATIONS: dict[str, str] = {
+    "Abramowitz & Stegun 1964": "abramowitz1964", "Aghajanyan et al. 2020": "aghajanyan2020",
+    "Ainslie et al. 2023": "ainslie2023", "Allal et al. 2025": "allal2025",
+    "Azar et al. 2023": "azar2023", "Ba, Kiros & Hinton 2016": "ba2016",
+    "Beltagy, Peters & Cohan 2020": "beltagy2020", "Besiroglu et al. 2024": "besiroglu2024",
+    "BigScience 2022": "bigscience2022", "Blelloch 1990": "blelloch1990",
+    "Bradley & Terry 1952": "bradley1952", "Brown et al. 2020": "brown2020",
+    "Chen et al. 2016": "chen2016", "Chen et al. 2021": "chen2021",
+    "Chowdhery et al. 2022": "chowdhery2022", "Cover & Thomas 2006": "cover2006",
+    "Dai et al. 2024": "dai2024", "Dao et al. 2022": "dao2022", "Dao 2023": "dao2023",
+    "DeepSeek-AI 2025": "deepseek2025r1", "Dettmers et al. 2022": "dettmers2022",
+    "Dettmers et al. 2023": "dettmers2023", "Devlin et al. 2019": "devlin2019",
+    "Dubey et al. 2024": "dubey2024", "Elhage et al. 2021": "elhage2021",
+    "Elhoushi et al. 2024": "elhoushi2024", "Fan, Lewis & Dauphin 2018": "fan2018",
+    "Fedus, Zoph & Shazeer 2021": "fedus2021", "Frantar et al. 2023": "frantar2023",
+    "Gage 1994": "gage1994", "Gale et al. 2022": "gale2022", "Gao et al. 2023": "gao2023",
+    "Goyal et al. 2017": "goyal2017", "Griewank & Walther 2008": "griewank2008",
+    "Gu, Goel & Ré 2021": "gu2021", "Gu & Dao 2023": "gu2023", "Harris 1954": "harris1954",
+    "Hassibi & Stork 1993": "hassibi1993", "Haviv et al. 2022": "haviv2022",
+    "He et al. 2016": "he2016", "Hendrycks & Gimpel 2016": "hendrycks2016",
+    "Hillis & Steele 1986": "hillis1986", "Hoffmann et al. 2022": "hoffmann2022",
+    "Holtzman et al. 2020": "holtzman2020", "Hu et al. 2021": "hu2021",
+    "Huang et al. 2019": "huang2019", "Jiang et al. 2023": "jiang2023",
+    "Jiang et al. 2024": "jiang2024", "Kaplan et al. 2020": "kaplan2020",
+    "Katharopoulos et al. 2020": "katharopoulos2020",
+    "Katharopoulos, Vyas, Pappas & Fleuret 2020": "katharopoulos2020",
+    "Kingma & Ba 2015": "kingma2015", "Korthikanti et al. 2022": "korthikanti2022",
+    "Krell et al. 2021": "krell2021", "Kudo 2018": "kudo2018",
+    "Kudo & Richardson 2018": "kudo2018sentencepiece", "Lepikhin et al. 2020": "lepikhin2020",
+    "Leviathan et al. 2023": "leviathan2023", "Leviathan, Kalman & Matias 2023": "leviathan2023",
+    "Li et al. 2020": "li2020", "Lin et al. 2024": "lin2024", "Liu et al. 2025": "liu2025",
+    "Loshchilov & Hutter 2017": "loshchilov2017", "Loshchilov & Hutter 2019": "loshchilov2019",
+    "Meister et al. 2023": "meister2023", "Micikevicius et al. 2018": "micikevicius2018",
+    "Milakov & Gimelshein 2018": "milakov2018", "NVIDIA 2023": "nvidia2023",
+    "Narayanan et al. 2021": "narayanan2021", "Nguyen et al. 2024": "nguyen2024",
+    "Olsson et al. 2022": "olsson2022", "Ouyang et al. 2022": "ouyang2022",
+    "Pal et al. 2024": "pal2024", "Pascanu et al. 2013": "pascanu2013",
+    "Patarasuk & Yuan 2009": "patarasuk2009", "Pearce & Song 2024": "pearce2024",
+    "Polyak 1964": "polyak1964", "Porian et al. 2024": "porian2024",
+    "Press & Wolf 2017": "press2017", "Press et al. 2022": "press2022",
+    "Press, Smith & Lewis 2022": "press2022", "Radford et al. 2018": "radford2018",
+    "Radford et al. 2019": "radford2019", "Rafailov et al. 2023": "rafailov2023",
+    "Rajbhandari et al. 2020": "rajbhandari2020", "Rosenbrock 1960": "rosenbrock1960",
+    "Rumelhart, Hinton & Williams 1986": "rumelhart1986", "Schulman et al. 2016": "schulman2016",
+    "Schulman et al. 2017": "schulman2017", "Schuster & Nakajima 2012": "schuster2012",
+    "Sennrich et al. 2016": "sennrich2016", "Shao et al. 2024": "shao2024",
+    "Shazeer 2019": "shazeer2019", "Shazeer 2020": "shazeer2020",
+    "Shazeer et al. 2017": "shazeer2017", "Shoeybi et al. 2019": "shoeybi2019",
+    "Su et al. 2021": "su2021", "Sun et al. 2023": "sun2023",
+    "Sutskever et al. 2013": "sutskever2013", "Thakur et al. 2005": "thakur2005",
+    "Thakur, Rabenseifner & Gropp 2005": "thakur2005", "Tieleman & Hinton 2012": "tieleman2012",
+    "Tillet et al. 2019": "tillet2019", "Vaswani et al. 2017": "vaswani2017",
+    "Wang et al. 2023": "wang2023", "Wang et al. 2024": "wang2024",
+    "Welleck et al. 2020": "welleck2020", "Williams 1992": "williams1992",
+    "Williams, Waterman & Patterson 2009": "williams2009",
+    "Wilson & Hilferty 1931": "wilson1931", "Wu et al. 2016": "wu2016",
+    "Xiao et al. 2023": "xiao2023", "Xiong et al. 2020": "xiong2020", "Xu et al. 2022": "xu2022",
+    "Xu et al. 2024": "xu2024", "Yang et al. 2024": "yang2024", "Yu et al. 2025": "yu2025",
+    "Yue et al. 2025": "yue2025", "Zhang & Sennrich 2019": "zhang2019",
+    "Zhang et al. 2024": "zhang2024", "Zhao et al. 2023": "zhao2023",
+    "Ziegler et al. 2019": "ziegler2019", "Zoph et al. 2022": "zoph2022",
+}
+
+#: (chapter number, name as in :data:`CITATIONS`) -> key, for names two papers share:
+#: LLaMA and Llama 2, positional interpolation and speculative sampling, YaRN and RWKV,
+#: DeepSeek-V2 and -V3.
+CHAPTER_CITATIONS: dict[tuple[int, str], str] = {
+    **{(ch, "Touvron et al. 2023"): "touvron2023llama" for ch in (1, 6, 7, 16)},
+    **{(ch, "Touvron et al. 2023"): "touvron2023llama2" for ch in (2, 11, 13, 15, 17)},
+    (5, "Chen et al. 2023"): "chen2023interpolation",
+    (12, "Chen et al. 2023"): "chen2023speculative",
+    (5, "Peng et al. 2023"): "peng2023yarn",
+    (23, "Peng et al. 2023"): "peng2023rwkv",
+    (13, "DeepSeek-AI 2024"): "deepseek2024v2",
+    (21, "DeepSeek-AI 2024"): "deepseek2024v3",
+}
+
+_NAME = r"[A-Z][\w'\-]+"
+_AUTHORS = rf"(?P<authors>{_NAME}(?:,\s+{_NAME})*(?:\s+(?:&|and)\s+{_NAME}|\s+et\s+al\.)?)"
+_CITATION = re.compile(_AUTHORS + r"(?P<sep>,?\s+\(?)(?P<year>(?:19|20)\d\d)(?=[),;:\s])")
+
+
+def citation_key(chapter: int, authors: str, year: str) -> str | None:
+    """The bibliography key of "authors, year" as chapter ``chapter`` writes it, or None.
+
+    A list that starts with a word that is not an author ("Chinchilla, Kaplan et al.")
+    is tried without its first names, one at a time."""
+    names = re.sub(r"\s+", " ", authors).replace(" and ", " & ")
+    while True:
+        name = f"{names} {year}"
+        key = CHAPTER_CITATIONS.get((chapter, name), CITATIONS.get(name))
+        if key is not None or ", " not in names:
+            return key
+        names = names.split(", ", 1)[1]
+
+
+def _outside_math_and_code(text: str) -> list[tuple[bool, str]]:
+    """``text`` split into (is prose, piece): math and code are left alone."""
+    pieces, pos = [], 0
+    for m in re.finditer(r"\$\$.*?\$\$|\$[^$\n]+\$|```.*?```|`[^`\n]+`", text, flags=re.S):
+        pieces += [(True, text[pos:m.start()]), (False, m.group(0))]
+        pos = m.end()
+    return [*pieces, (True, text[pos:])]
+
+
+def cite_papers(markdown: str, chapter: int, used: set[str] | None = None) -> str:
+    """``markdown`` with the year of each paper it names linked to the bibliography.
+
+    "Vaswani et al. (2017)" and "(Vaswani et al., 2017, ...)" keep their words; the year
+    becomes ``{cite:year}`` of the entry, which shows the year and links to it. Names with
+    no entry are left as they are; math and code are never touched. The keys cited are
+    added to ``used``.
+    """
+    used = set() if used is None else used
+
+    def link(m: re.Match[str]) -> str:
+        key = citation_key(chapter, m["authors"], m["year"])
+        if key is None:
+            return m.group(0)
+        used.add(key)
+        return f"{m['authors']}{m['sep']}{{cite:year}}`{key}`"
+
+    return "".join(_CITATION.sub(link, piece) if prose else piece
+                   for prose, piece in _outside_math_and_code(markdown))
+
+
+# ---------------------------------------------------------------- equations
+
+#: Displayed formulas the text refers back to: (chapter, a piece of the formula's TeX that
+#: finds it, its label, the words that refer back to it, what they become).
+EQUATION_REFS: list[tuple[int, str, str, str, str]] = [
+    (10, r"\mathcal L_T^{\min} = ", "window-floor", "equals the formula above",
+     "equals the formula above, {eq}`window-floor`,"),
+]
+
+
+def number_equations(nb: nbformat.NotebookNode, chapter: int) -> int:
+    """Label the formulas of :data:`EQUATION_REFS` in ``nb`` and link the references back."""
+    n = 0
+    for ch, tex, label, words, linked in EQUATION_REFS:
+        if ch != chapter:
+            continue
+        for cell in nb.cells:
+            if cell.cell_type != "markdown":
+                continue
+            m = re.search(r"\$\$(?:(?!\$\$).)*?" + re.escape(tex) + r".*?\$\$", cell.source, flags=re.S)
+            if m:
+                cell.source = cell.source[:m.end()] + f" ({label})" + cell.source[m.end():]
+                n += 1
+        for cell in nb.cells:
+            if cell.cell_type == "markdown" and words in cell.source:
+                cell.source = cell.source.replace(words, linked)
+    return n
+
+
+# ---------------------------------------------------------------- the chapter's box
+
+def chapter_box(stem: str, repository: str) -> str:
+    """A markdown cell's text: the chapter's notebook, solutions, repository, how to run it.
+
+    The notebook is the committed one, copied into the site's ``notebooks/``; the
+    solutions are rendered as ``solutions/<stem>`` and linked on the ``repository`` too.
+    """
+    solution = f"{repository}/blob/main/notebooks/solutions/{stem}.py"
+    return f"""```{{admonition}} This chapter's notebook, solutions and how to run it
+:class: tip llmbook-chapter-links
+
+<a class="llmbook-notebook" href="notebooks/{stem}.ipynb" download>Download the notebook
+({stem}.ipynb)</a> ·
+[solutions to the exercises](solutions/{stem}.md)
+(<a class="llmbook-solution" href="{solution}">{stem}.py on the repository</a>) ·
+<a class="llmbook-repository" href="{repository}">the repository</a>
+
+**How to run this chapter.** From a clone of the repository, `make lab` sets up `.venv`
+and opens the chapters in JupyterLab. Or, with the downloaded notebook alone:
+`pip install llmbook jupyterlab`, then `jupyter lab {stem}.ipynb` (the chapters that
+compare with PyTorch's and Hugging Face's peers need `pip install "llmbook[dev]"`, and
+those that read the book's shipped data or models need the clone).
+```"""
+
+
+def prepare_chapter(nb: nbformat.NotebookNode, stem: str, repository: str,
+                    used: set[str]) -> dict[str, Any]:
+    """Apply every change above to the copy ``nb`` of chapter ``stem``; return counts."""
+    chapter = int(stem[:2])
+    tables = tabulate_checks(nb)
+    formulas = break_long_formulas(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = cite_papers(cell.source, chapter, used)
+    equations = number_equations(nb, chapter)
+    first = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), 0)
+    nb.cells.insert(first + 1, nbformat.v4.new_markdown_cell(chapter_box(stem, repository)))
+    return {"check_tables": tables, "long_formulas": formulas, "equations": equations}
