@@ -84,10 +84,11 @@ def check_probability(name: str, value: object, allow_zero: bool = True) -> floa
     return float(value)
 
 
-def check_token_ids(x: object, name: str, ndim: int | None = None) -> Any:
+def check_token_ids(x: object, name: str, ndim: int | None = None, vocab_size: int | None = None) -> Any:
     """Return ``x`` if it is an integer ``torch.Tensor`` (token ids) with ``ndim`` dimensions
-    (any number if None), else raise a ``TypeError`` (not an integer tensor) or a
-    ``ValueError`` (wrong number of dimensions) naming ``name``."""
+    (any number if None), every id in [0, ``vocab_size``) when that is given, else raise a
+    ``TypeError`` (not an integer tensor) or a ``ValueError`` (wrong number of dimensions, an
+    id out of range: an embedding lookup would fail with a bare IndexError) naming ``name``."""
     import torch
 
     if not isinstance(x, torch.Tensor):
@@ -96,6 +97,9 @@ def check_token_ids(x: object, name: str, ndim: int | None = None) -> Any:
         raise TypeError(f"{name} must be an integer tensor of token ids, got dtype {x.dtype}")
     if ndim is not None and x.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-d (have {ndim} dimensions), got shape {tuple(x.shape)}")
+    if vocab_size is not None and x.numel() and not bool(((x >= 0) & (x < vocab_size)).all()):
+        bad = x[(x < 0) | (x >= vocab_size)][0].item()
+        raise ValueError(f"{name} must hold token ids in [0, {vocab_size}), found {bad}")
     return x
 
 

@@ -215,3 +215,108 @@ MORE_ALIGNMENT_CASES = [
 def test_more_alignment_bad_input(thunk, error, match):
     with pytest.raises(error, match=match):
         thunk()
+
+
+def _scale_cases():
+    from llmbook.scale import (
+        cost_model,
+        data_parallel,
+        induction,
+        interpretability,
+        linear_attention,
+        moe,
+        moe_training,
+        rwkv,
+        ssm,
+        zero,
+    )
+
+    q, v = torch.randn(2, 5, 4), torch.randn(2, 5, 3)
+    w, u, k = torch.rand(4), torch.randn(4), torch.randn(2, 5, 4)
+    aot = induction.AttentionOnlyTransformer(10, 8, 2, 2, 8, generator=torch.Generator().manual_seed(0))
+    mamba = ssm.MambaLM(ssm.MambaConfig(10, d_model=8, n_layers=1, d_state=4))
+    rwkv_lm = rwkv.RWKVLM(rwkv.RWKVConfig(10, d_model=8, n_layers=1))
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    return [
+        ("route NaN logits", lambda: moe.route(torch.full((3, 4), NAN), 2), ValueError, "router_logits must not hold NaN"),
+        ("router_z_loss NaN", lambda: moe.router_z_loss(torch.tensor([[0.0, NAN]])), ValueError,
+         "router_logits must not hold NaN"),
+        ("MoELayer float64 input", lambda: moe.MoELayer(4, 8, 3, 2)(torch.randn(2, 4, dtype=torch.float64)),
+         TypeError, "x must have the dtype of the layer's weights, torch.float32"),
+        ("moe_layers not a module", lambda: moe_training.moe_layers(3), TypeError, "model must be a torch.nn.Module"),
+        ("linear attention T=0", lambda: linear_attention.causal_linear_attention_recurrent(
+            q[:, :0], q[:, :0], v[:, :0]), ValueError, r"q, k and v have no positions \(T = 0\)"),
+        ("linear attention dtype mix", lambda: linear_attention.causal_linear_attention_parallel(q.double(), q, v),
+         TypeError, "k must have the dtype of q, torch.float64"),
+        ("linear attention NaN", lambda: linear_attention.causal_linear_attention_cumsum(q, q, torch.full_like(v, NAN)),
+         ValueError, "v must not hold NaN"),
+        ("linear attention feature_map", lambda: linear_attention.causal_linear_attention_parallel(q, q, v, feature_map=3),
+         TypeError, "feature_map must be callable"),
+        ("ssm_recurrent T=0", lambda: ssm.ssm_recurrent(torch.eye(3) * 0.5, torch.ones(3), torch.ones(3), torch.zeros(0)),
+         ValueError, "u must have shape"),
+        ("ssm_recurrent dtype mix", lambda: ssm.ssm_recurrent(torch.eye(3) * 0.5, torch.ones(3), torch.ones(3),
+                                                              torch.zeros(5, dtype=torch.float64)),
+         TypeError, "u must have the dtype of A_bar"),
+        ("linear_recurrence T=0", lambda: ssm.linear_recurrence(torch.zeros(2, 0), torch.zeros(2, 0)),
+         ValueError, "a and b have no steps along dim=1"),
+        ("selective_scan negative delta", lambda: ssm.selective_scan(
+            torch.randn(2, 5, 3), -torch.rand(2, 5, 3), -torch.rand(3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 4)),
+         ValueError, "delta must hold step sizes >= 0"),
+        ("selective_scan T=0", lambda: ssm.selective_scan(
+            torch.randn(2, 0, 3), torch.rand(2, 0, 3), -torch.rand(3, 4), torch.randn(2, 0, 4), torch.randn(2, 0, 4)),
+         ValueError, r"u has no positions \(T = 0\)"),
+        ("selective_scan NaN", lambda: ssm.selective_scan(
+            torch.full((2, 5, 3), NAN), torch.rand(2, 5, 3), -torch.rand(3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 4)),
+         ValueError, "u must not hold NaN"),
+        ("MambaConfig eps NaN", lambda: ssm.MambaConfig(10, eps=NAN), ValueError, "eps must be a positive finite number"),
+        ("MambaLM scan_method", lambda: ssm.MambaLM(ssm.MambaConfig(10, d_model=8, n_layers=1), scan_method="x"),
+         ValueError, "scan_method must be 'sequential' or 'parallel'"),
+        ("MambaLM ids out of range", lambda: mamba(torch.full((2, 3), 10)), ValueError, r"ids must hold token ids in \[0, 10\)"),
+        ("MambaLM no positions", lambda: mamba(ids[:, :0]), ValueError, "ids is empty"),
+        ("wkv_recurrent T=0", lambda: rwkv.wkv_recurrent(w, u, k[:, :0], k[:, :0]), ValueError, r"no positions \(T = 0\)"),
+        ("wkv_parallel negative w", lambda: rwkv.wkv_parallel(-w - 0.1, u, k, k), ValueError, "w must hold decay rates >= 0"),
+        ("wkv_parallel dtype mix", lambda: rwkv.wkv_parallel(w.double(), u, k, k), TypeError, "w must have the dtype of k"),
+        ("wkv_recurrent NaN", lambda: rwkv.wkv_recurrent(w, u, torch.full_like(k, NAN), k), ValueError, "k must not hold NaN"),
+        ("RWKVConfig eps NaN", lambda: rwkv.RWKVConfig(10, eps=NAN), ValueError, "eps must be a positive finite number"),
+        ("RWKVLM ids out of range", lambda: rwkv_lm(torch.full((2, 3), -1)), ValueError, r"ids must hold token ids in \[0, 10\)"),
+        ("RWKVLM no positions", lambda: rwkv_lm(ids[:, :0]), ValueError, "ids is empty"),
+        ("RWKVChannelMixing width", lambda: rwkv.RWKVChannelMixing(8, 16)(torch.randn(2, 3, 5)), ValueError,
+         r"x must have shape \(batch, T, d_model\) = \(batch, T, 8\)"),
+        ("AttentionOnlyTransformer embed_std 0", lambda: induction.AttentionOnlyTransformer(10, 8, 1, 2, 8, embed_std=0.0),
+         ValueError, "embed_std must be a positive finite number"),
+        ("AttentionOnlyTransformer ablate list", lambda: aot(ids, ablate=[1]), TypeError, "ablate must be a dict"),
+        ("per_position_loss ids out of range", lambda: induction.per_position_loss(torch.randn(2, 3, 10), ids + 10),
+         ValueError, r"ids must hold token ids in \[0, 10\)"),
+        ("per_position_loss integer logits", lambda: induction.per_position_loss(torch.ones(2, 3, 10, dtype=torch.long), ids),
+         TypeError, "logits must be a floating-point tensor"),
+        ("per_position_loss NaN logits", lambda: induction.per_position_loss(torch.full((2, 3, 10), NAN), ids),
+         ValueError, "logits must not hold NaN"),
+        ("previous_token_score T=1", lambda: induction.previous_token_score(torch.ones(2, 2, 1, 1)), ValueError, "T >= 2"),
+        ("prefix_matching_score NaN", lambda: induction.prefix_matching_score(torch.full((1, 1, 4, 4), NAN), 2),
+         ValueError, "pattern must not hold NaN"),
+        ("icl_score 0-d", lambda: interpretability.icl_score(torch.tensor(1.0), 0, 1), ValueError, "position_loss must have a position axis"),
+        ("ablation_value layer", lambda: interpretability.ablation_value(aot, ids, 5, 0), ValueError, r"layer must be an int in \[0, 2\)"),
+        ("ablation_value head", lambda: interpretability.ablation_value(aot, ids, 0, -1), ValueError, r"head must be an int in \[0, 2\)"),
+        ("ablation_value model", lambda: interpretability.ablation_value(None, ids, 0, 0), TypeError, "model must be an AttentionOnlyTransformer"),
+        ("allreduce_time bandwidth 0", lambda: cost_model.allreduce_time(1e6, 4, 0.0, 1e-5), ValueError,
+         "bandwidth must be a positive finite number"),
+        ("allreduce_time latency NaN", lambda: cost_model.allreduce_time(1e6, 4, 1e9, NAN), ValueError,
+         "latency must be a finite number >= 0"),
+        ("allreduce_time negative bytes", lambda: cost_model.allreduce_time(-1.0, 4, 1e9, 1e-5), ValueError,
+         "n_bytes must be a finite number >= 0"),
+        ("shard_batch list", lambda: data_parallel.shard_batch([1, 2], 0, 1), TypeError, "batch must be a torch.Tensor"),
+        ("shard_batch rank", lambda: data_parallel.shard_batch(torch.zeros(4, 2), 2, 2), ValueError, r"rank must be an int in \[0, 2\)"),
+        ("shard_bounds rank bool", lambda: zero.shard_bounds(10, 2, True), TypeError, "rank must be an int, got True"),
+        ("make_regression_batches batch_size", lambda: zero.make_regression_batches(2, -2), ValueError, "batch_size must be positive"),
+        ("make_regression_batches dtype", lambda: zero.make_regression_batches(2, 2, dtype=torch.long), TypeError,
+         "dtype must be a floating-point dtype"),
+    ]
+
+
+SCALE_CASES = _scale_cases()
+
+
+@pytest.mark.parametrize(("thunk", "error", "match"), [c[1:] for c in SCALE_CASES], ids=[c[0] for c in SCALE_CASES])
+def test_scale_bad_input(thunk, error, match):
+    with pytest.raises(error, match=match):
+        thunk()

@@ -64,6 +64,10 @@ def test_check_token_ids():
             check_token_ids(bad, "ids")
     with pytest.raises(TypeError, match="ids must be an integer torch.Tensor of token ids, got list"):
         check_token_ids([[0, 1]], "ids")
+    assert check_token_ids(ids, "ids", vocab_size=1) is ids
+    for bad in (-1, 5):
+        with pytest.raises(ValueError, match=rf"ids must hold token ids in \[0, 5\), found {bad}"):
+            check_token_ids(torch.tensor([0, bad]), "ids", vocab_size=5)
 
 
 def test_check_probability():

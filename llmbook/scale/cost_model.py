@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 import sympy as sp
 
 from llmbook.scale.collectives import alpha_beta_time
-from llmbook.validation import check_positive_int, check_positive_number
+from llmbook.validation import check_nonnegative_number, check_positive_int, check_positive_number
 
 __all__ = [
     "Cluster",
@@ -231,6 +231,9 @@ def allreduce_time(n_bytes: float, ranks: int, bandwidth: float, latency: float)
     """Ring all-reduce time in the alpha-beta model of section 22.2
     (:func:`~llmbook.scale.collectives.alpha_beta_time`), with beta = 1 / ``bandwidth``."""
     k = check_positive_int("ranks", ranks)
+    check_nonnegative_number("n_bytes", n_bytes)
+    check_positive_number("bandwidth", bandwidth)
+    check_nonnegative_number("latency", latency)
     return 0.0 if k == 1 else alpha_beta_time(n_bytes, k, latency, 1.0 / bandwidth)
 
 

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from llmbook.training.optim import AdamW
 from llmbook.transformer.model import TransformerConfig, TransformerLM
-from llmbook.validation import check_positive_int
+from llmbook.validation import check_index, check_positive_int
 
 __all__ = [
     "BucketedDataParallel",
@@ -56,8 +56,9 @@ def shard_batch(batch: Tensor, rank: int, world_size: int) -> Tensor:
     weighs its examples as the global mean does.
     """
     p = check_positive_int("world_size", world_size)
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < p:
-        raise ValueError(f"rank must be an int in [0, {p}), got {rank!r}")
+    check_index("rank", rank, p)
+    if not isinstance(batch, torch.Tensor):
+        raise TypeError(f"batch must be a torch.Tensor, got {type(batch).__name__}")
     if batch.ndim == 0:
         raise ValueError("batch must have a batch dimension, got a 0-d tensor")
     if batch.shape[0] % p:

@@ -39,7 +39,13 @@ from llmbook.text.embedding import TokenEmbedding
 from llmbook.training.optim import AdamW, clip_grad_norm_, cosine_schedule, set_lr
 from llmbook.transformer.attention import MultiHeadAttention, attention_weights
 from llmbook.transformer.positional import LearnedPositions, RotaryEmbedding
-from llmbook.validation import check_positive_int, check_token_ids
+from llmbook.validation import (
+    check_finite,
+    check_floating_tensor,
+    check_positive_int,
+    check_positive_number,
+    check_token_ids,
+)
 
 __all__ = [
     "INDUCTION_RECIPES",
@@ -147,6 +153,7 @@ class AttentionOnlyTransformer(nn.Module):
         if positions not in ("learned", "rope"):
             raise ValueError(f"positions must be 'learned' or 'rope', got {positions!r}")
         self.positions = positions
+        check_positive_number("embed_std", embed_std)
         self.embed = TokenEmbedding(vocab_size, d_model, std=embed_std, generator=generator)
         self.layers = nn.ModuleList(
             MultiHeadAttention(d_model, n_heads, d_head=d_head) for _ in range(n_layers))
@@ -160,6 +167,8 @@ class AttentionOnlyTransformer(nn.Module):
                 p.normal_(0.0, d_model ** -0.5, generator=generator)
 
     def _check_ablate(self, ablate: dict, T: int) -> None:
+        if not isinstance(ablate, dict):
+            raise TypeError(f"ablate must be a dict {{(layer, head): None or value}}, got {type(ablate).__name__}")
         for key, value in ablate.items():
             if (not isinstance(key, tuple) or len(key) != 2
                     or not 0 <= key[0] < self.n_layers or not 0 <= key[1] < self.n_heads):
@@ -172,6 +181,8 @@ class AttentionOnlyTransformer(nn.Module):
                                  f"(T, d_head) = ({T}, {self.d_head}), got {shape}")
 
     def _check_composition(self, composition: dict) -> None:
+        if not isinstance(composition, dict):
+            raise TypeError(f"composition must be a dict {{layer: 'qkv'}}, got {type(composition).__name__}")
         for layer, which in composition.items():
             if not isinstance(layer, int) or not 0 <= layer < self.n_layers:
                 raise ValueError(f"composition keys must be layers 0..{self.n_layers - 1}, got {layer!r}")
@@ -231,6 +242,8 @@ def per_position_loss(logits: Tensor, ids: Tensor) -> Tensor:
     if not isinstance(logits, Tensor) or logits.ndim != 3 or logits.shape[:2] != ids.shape:
         shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(f"logits must have shape (B, T, V) with (B, T) = {tuple(ids.shape)}, got {shape}")
+    check_finite(check_floating_tensor(logits, "logits"), "logits", allow_inf=True)
+    check_token_ids(ids, "ids", vocab_size=logits.shape[-1])
     if ids.shape[1] < 2:
         raise ValueError(f"need at least 2 positions to predict one, got T={ids.shape[1]}")
     logp = F.log_softmax(logits[:, :-1].float() if logits.dtype == torch.float16 else logits[:, :-1], -1)
@@ -242,7 +255,7 @@ def _check_pattern(pattern: object) -> Tensor:
             or pattern.shape[-1] != pattern.shape[-2]:
         shape = tuple(pattern.shape) if isinstance(pattern, Tensor) else type(pattern).__name__
         raise ValueError(f"pattern must be a floating-point (..., T, T) attention pattern, got {shape}")
-    return pattern
+    return check_finite(pattern, "pattern")
 
 
 def previous_token_score(pattern: Tensor) -> Tensor:
@@ -252,8 +265,9 @@ def previous_token_score(pattern: Tensor) -> Tensor:
     mean runs over the batch and the positions 1..T-1.
     """
     pattern = _check_pattern(pattern)
-    if pattern.ndim != 4:
-        raise ValueError(f"pattern must have shape (B, H, T, T), got {tuple(pattern.shape)}")
+    if pattern.ndim != 4 or pattern.shape[-1] < 2 or pattern.shape[0] == 0:
+        raise ValueError(f"pattern must have shape (B, H, T, T) with B >= 1 and T >= 2 (a previous "
+                         f"token to attend to), got {tuple(pattern.shape)}")
     return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))  # (H,)
 
 

@@ -23,6 +23,7 @@ from torch import Tensor
 from llmbook.scale.induction import AttentionOnlyTransformer, per_position_loss
 from llmbook.validation import (
     check_floating_tensor,
+    check_index,
     check_positive_int,
     check_positive_number,
     check_token_ids,
@@ -40,6 +41,8 @@ def icl_score(position_loss: Tensor, early: int, late: int) -> Tensor:
     learning. ``position_loss`` (..., T) -> (...).
     """
     position_loss = check_floating_tensor(position_loss, "position_loss")
+    if position_loss.ndim == 0:
+        raise ValueError("position_loss must have a position axis (..., T), got a 0-d tensor")
     T = position_loss.shape[-1]
     for name, value in (("early", early), ("late", late)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < T:
@@ -60,6 +63,10 @@ def repeat_mask(segment_length: int) -> Tensor:
 def ablation_value(model: AttentionOnlyTransformer, ids: Tensor, layer: int, head: int) -> Tensor:
     """The mean of head (layer, head)'s output z over the batch ``ids``: (T, d_head), the value
     that mean ablation puts in its place (the head's average behaviour, not its absence)."""
+    if not isinstance(model, AttentionOnlyTransformer):
+        raise TypeError(f"model must be an AttentionOnlyTransformer, got {type(model).__name__}")
+    check_index("layer", layer, model.n_layers)
+    check_index("head", head, model.n_heads)
     with torch.no_grad():
         _, cache = model.run_with_cache(ids)
     return cache["z"][layer][:, head].mean(dim=0)  # (T, d_head)

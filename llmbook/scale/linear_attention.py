@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from llmbook.transformer.attention import _check_qkv as check_attention_inputs
+from llmbook.validation import check_finite, check_same_dtype
 
 __all__ = [
     "causal_linear_attention_cumsum",
@@ -63,9 +64,17 @@ def _check_qkv(q: object, k: object, v: object) -> None:
     if q.shape != k.shape:
         raise ValueError(f"q and k must have the same shape (..., T, d_k), got q {tuple(q.shape)} "
                          f"and k {tuple(k.shape)}")
+    if q.shape[-2] == 0:
+        raise ValueError(f"q, k and v have no positions (T = 0), got q {tuple(q.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_same_dtype(t, name, q, "q")
+        check_finite(t, name)
 
 
 def _features(q: Tensor, k: Tensor, feature_map: FeatureMap) -> tuple[Tensor, Tensor]:
+    if not callable(feature_map):
+        raise TypeError(f"feature_map must be callable (..., T, d_k) -> (..., T, m), got "
+                        f"{type(feature_map).__name__}")
     phi_q, phi_k = feature_map(q), feature_map(k)
     if phi_q.shape[:-1] != q.shape[:-1] or phi_k.shape != phi_q.shape:
         raise ValueError(f"feature_map must map (..., T, d_k) to (..., T, m), got {tuple(q.shape)} "

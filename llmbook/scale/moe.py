@@ -48,7 +48,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from llmbook.transformer.layers import SwiGLU
-from llmbook.validation import check_floating_tensor, check_positive_int, check_positive_number
+from llmbook.validation import (
+    check_finite,
+    check_floating_tensor,
+    check_positive_int,
+    check_positive_number,
+    check_same_dtype,
+)
 
 __all__ = [
     "MoELayer",
@@ -75,7 +81,7 @@ def _check_logits(router_logits: object, name: str = "router_logits") -> Tensor:
     z = check_floating_tensor(router_logits, name)
     if z.ndim != 2 or z.shape[1] == 0:
         raise ValueError(f"{name} must have shape (n_tokens, num_experts), got {tuple(z.shape)}")
-    return z
+    return check_finite(z, name, allow_inf=True)  # -inf: an expert masked out
 
 
 def _check_top_k(top_k: object, num_experts: int) -> int:
@@ -355,6 +361,7 @@ class MoELayer(nn.Module):
         x = check_floating_tensor(x, "x")
         if x.ndim == 0 or x.shape[-1] != self.d_model:
             raise ValueError(f"MoELayer expects input of shape (..., {self.d_model}), got {tuple(x.shape)}")
+        check_same_dtype(x, "x", self.router.weight, "the layer's weights")
         h = x.reshape(-1, self.d_model)  # (n, d)
         logits = self.router(h)  # (n, N)
         r = route(logits, self.top_k, self.score, self.normalize, self.expert_bias, self.scaling)

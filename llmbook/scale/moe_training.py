@@ -65,6 +65,8 @@ def moe_lm(config: TransformerConfig, num_experts: int, top_k: int, d_ff: int,
 
 def moe_layers(model: nn.Module) -> list[MoELayer]:
     """The model's :class:`MoELayer` modules, in order (empty for a dense model)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     return [m for m in model.modules() if isinstance(m, MoELayer)]
 
 

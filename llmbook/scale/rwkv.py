@@ -33,7 +33,15 @@ import torch
 from torch import Tensor, nn
 
 from llmbook.transformer.layers import LayerNorm
-from llmbook.validation import check_floating_tensor, check_positive_int, check_token_ids
+from llmbook.validation import (
+    check_finite,
+    check_floating_tensor,
+    check_nonempty,
+    check_positive_int,
+    check_positive_number,
+    check_same_dtype,
+    check_token_ids,
+)
 
 __all__ = [
     "RWKVBlock",
@@ -61,13 +69,19 @@ def token_shift(x: Tensor) -> Tensor:
 
 def _check_wkv(w: object, u: object, k: object, v: object) -> None:
     for name, t in (("w", w), ("u", u), ("k", k), ("v", v)):
-        check_floating_tensor(t, name)
+        check_finite(check_floating_tensor(t, name), name)
+    for name, t in (("w", w), ("u", u), ("v", v)):
+        check_same_dtype(t, name, k, "k")
     if k.ndim != 3 or v.shape != k.shape:
         raise ValueError(f"k and v must have the same shape (batch, T, d), got k {tuple(k.shape)} "
                          f"and v {tuple(v.shape)}")
+    if k.shape[1] == 0:
+        raise ValueError(f"k and v have no positions (T = 0), got shape {tuple(k.shape)}")
     if w.shape != (k.shape[-1],) or u.shape != (k.shape[-1],):
         raise ValueError(f"w and u must have shape (d,) = ({k.shape[-1]},), got w {tuple(w.shape)} "
                          f"and u {tuple(u.shape)}")
+    if bool((w < 0).any()):
+        raise ValueError(f"w must hold decay rates >= 0 (w < 0 makes old tokens grow), found {float(w.min())}")
 
 
 def wkv_parallel(w: Tensor, u: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -142,6 +156,13 @@ class RWKVConfig:
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
         check_positive_int("d_ff", self.d_ff)
+        check_positive_number("eps", self.eps)
+
+
+def _check_width(x: Tensor, d_model: int) -> None:
+    check_floating_tensor(x, "x")
+    if x.ndim != 3 or x.shape[-1] != d_model:
+        raise ValueError(f"x must have shape (batch, T, d_model) = (batch, T, {d_model}), got {tuple(x.shape)}")
 
 
 def _mix(x: Tensor, shifted: Tensor, mu: Tensor) -> Tensor:
@@ -194,6 +215,7 @@ class RWKVChannelMixing(nn.Module):
         self.value = nn.Linear(f, d, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
+        _check_width(x, self.key.in_features)
         shifted = token_shift(x)
         k = torch.relu(self.key(_mix(x, shifted, self.time_mix_key))) ** 2  # (batch, T, d_ff)
         r = torch.sigmoid(self.receptance(_mix(x, shifted, self.time_mix_receptance)))
@@ -237,7 +259,7 @@ class RWKVLM(nn.Module):
                                                                  bias=False)
 
     def forward(self, ids: Tensor) -> Tensor:
-        check_token_ids(ids, "ids", ndim=2)
+        check_nonempty(check_token_ids(ids, "ids", ndim=2, vocab_size=self.embeddings.num_embeddings), "ids")
         x = self.embeddings(ids)
         for block in self.blocks:
             x = block(x)

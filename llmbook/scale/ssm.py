@@ -40,7 +40,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from llmbook.transformer.layers import RMSNorm
-from llmbook.validation import check_floating_tensor, check_positive_int, check_token_ids
+from llmbook.validation import (
+    check_finite,
+    check_floating_tensor,
+    check_nonempty,
+    check_positive_int,
+    check_positive_number,
+    check_same_dtype,
+    check_token_ids,
+)
 
 __all__ = [
     "CausalDepthwiseConv1d",
@@ -127,7 +135,7 @@ def zoh_discretize_diagonal(A: Tensor, B: Tensor, delta: Tensor | float) -> tupl
 
 def _check_lti(A_bar: Tensor, B_bar: Tensor, C: Tensor) -> None:
     for name, t in (("A_bar", A_bar), ("B_bar", B_bar), ("C", C)):
-        check_floating_tensor(t, name)
+        check_finite(check_floating_tensor(t, name), name)
     N = A_bar.shape[0] if A_bar.ndim == 2 else -1
     if A_bar.shape != (N, N) or B_bar.shape != (N,) or C.shape != (N,):
         raise ValueError(f"need A_bar (N, N), B_bar (N,) and C (N,), got {tuple(A_bar.shape)}, "
@@ -141,9 +149,10 @@ def ssm_recurrent(A_bar: Tensor, B_bar: Tensor, C: Tensor, u: Tensor) -> Tensor:
     -> y (..., T). O(T N^2) time, a state of N numbers.
     """
     _check_lti(A_bar, B_bar, C)
-    check_floating_tensor(u, "u")
-    if u.ndim < 1:
-        raise ValueError("u must have shape (..., T)")
+    check_finite(check_floating_tensor(u, "u"), "u")
+    check_same_dtype(u, "u", A_bar, "A_bar")
+    if u.ndim < 1 or u.shape[-1] == 0:
+        raise ValueError(f"u must have shape (..., T) with T >= 1, got {tuple(u.shape)}")
     x = u.new_zeros(*u.shape[:-1], A_bar.shape[0])  # (..., N)
     ys = []
     for k in range(u.shape[-1]):
@@ -212,6 +221,8 @@ def _check_ab(a: object, b: object, dim: int) -> int:
         raise ValueError(f"a and b must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
     if not -a.ndim <= dim < a.ndim:
         raise ValueError(f"dim={dim} is out of range for a tensor with {a.ndim} dimensions")
+    if a.shape[dim] == 0:
+        raise ValueError(f"a and b have no steps along dim={dim} (shape {tuple(a.shape)})")
     return dim % a.ndim
 
 
@@ -263,11 +274,17 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
     ``D`` (E,) or None -> y (batch, T, E). ``method``: "sequential" (a loop over t) or
     "parallel" (:func:`associative_scan`); they agree to round-off.
     """
-    for name, t in (("u", u), ("delta", delta), ("A", A), ("B", B), ("C", C)):
-        check_floating_tensor(t, name)
+    for name, t in (("u", u), ("delta", delta), ("A", A), ("B", B), ("C", C), ("D", D)):
+        if t is not None:
+            check_finite(check_floating_tensor(t, name), name)
+            check_same_dtype(t, name, u, "u")
     if u.ndim != 3 or delta.shape != u.shape:
         raise ValueError(f"u and delta must have the same shape (batch, T, E), got u {tuple(u.shape)} "
                          f"and delta {tuple(delta.shape)}")
+    if u.shape[1] == 0:
+        raise ValueError(f"u has no positions (T = 0), got shape {tuple(u.shape)}")
+    if bool((delta < 0).any()):
+        raise ValueError(f"delta must hold step sizes >= 0 (softplus outputs), found {float(delta.min())}")
     batch, T, E = u.shape
     if A.ndim != 2 or A.shape[0] != E:
         raise ValueError(f"A must have shape (E, N) with E = {E}, got {tuple(A.shape)}")
@@ -320,6 +337,7 @@ class MambaConfig:
         if self.dt_rank is None:
             self.dt_rank = math.ceil(self.d_model / 16)
         check_positive_int("dt_rank", self.dt_rank)
+        check_positive_number("eps", self.eps)
 
     @property
     def d_inner(self) -> int:
@@ -368,6 +386,8 @@ class MambaMixer(nn.Module):
         super().__init__()
         c = config
         E, N, R = c.d_inner, c.d_state, c.dt_rank
+        if scan_method not in ("sequential", "parallel"):
+            raise ValueError(f"scan_method must be 'sequential' or 'parallel', got {scan_method!r}")
         self.d_state, self.dt_rank, self.scan_method = N, R, scan_method
         self.in_proj = nn.Linear(c.d_model, 2 * E, bias=c.bias)
         self.conv1d = CausalDepthwiseConv1d(E, c.d_conv, bias=c.conv_bias)
@@ -417,7 +437,7 @@ class MambaLM(nn.Module):
                                                                     bias=False)
 
     def forward(self, ids: Tensor) -> Tensor:
-        check_token_ids(ids, "ids", ndim=2)
+        check_nonempty(check_token_ids(ids, "ids", ndim=2, vocab_size=self.embeddings.num_embeddings), "ids")
         h = self.embeddings(ids)  # (batch, T, d)
         for layer in self.layers:
             h = layer(h)

@@ -50,7 +50,7 @@ from llmbook.transformer.attention import (
     scaled_dot_product_attention,
 )
 from llmbook.transformer.layers import MLP, get_activation
-from llmbook.validation import check_positive_int
+from llmbook.validation import check_index, check_positive_int
 
 __all__ = [
     "ColumnParallelLinear",
@@ -190,8 +190,7 @@ def shard_range(size: int, rank: int, world_size: int, what: str = "size") -> sl
     """
     size = check_positive_int(what, size)
     p = check_positive_int("world_size", world_size)
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < p:
-        raise ValueError(f"rank must be an int in [0, {p}), got {rank!r}")
+    check_index("rank", rank, p)
     if size % p != 0:
         raise ValueError(f"world_size={p} does not divide {what}={size}: tensor parallelism "
                          f"splits it into equal shards")

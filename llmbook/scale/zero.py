@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from llmbook.training.optim import AdamW
-from llmbook.validation import check_positive_int
+from llmbook.validation import check_index, check_positive_int
 
 __all__ = [
     "ZeroTrainer",
@@ -70,8 +70,7 @@ def shard_bounds(numel: int, world_size: int, rank: int) -> tuple[int, int, int]
     elements padded to N S, S = ceil(numel / N). The padding lives in the last shards."""
     n = check_positive_int("numel", numel)
     p = check_positive_int("world_size", world_size)
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < p:
-        raise ValueError(f"rank must be an int in [0, {p}), got {rank!r}")
+    check_index("rank", rank, p)
     size = math.ceil(n / p)
     return rank * size, (rank + 1) * size, size
 
@@ -379,6 +378,10 @@ def tiny_mlp(seed: int, dims: tuple[int, ...] = (12, 16, 16, 8),
 def make_regression_batches(steps: int, batch_size: int, d_in: int = 12, d_out: int = 8,
                             seed: int = 0, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
     """Inputs (steps, B, d_in) and targets (steps, B, d_out) = sin(x W) for a fixed random W."""
+    for name, n in (("steps", steps), ("batch_size", batch_size), ("d_in", d_in), ("d_out", d_out)):
+        check_positive_int(name, n)
+    if not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(steps, batch_size, d_in, generator=g, dtype=dtype)
     w = torch.randn(d_in, d_out, generator=g, dtype=dtype) / math.sqrt(d_in)
