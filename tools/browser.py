@@ -4,9 +4,11 @@
 from ``file://``, through the Chrome DevTools Protocol (a WebSocket on the loopback
 address), and reports per page: whether MathJax finished and how many formulas it set,
 any raw TeX left in the visible text (``$$``, ``\\frac``, ``\\(``), images that did not
-load, and every console error, uncaught exception and failed resource load. It can save
-a screenshot of one page. ``python tools/browser.py [SITE] [--screenshot PNG]`` prints the
-report.
+load, every console error, uncaught exception and failed resource load, what sticks out
+of the text column or scrolls sideways in it at a laptop's width and at a phone's, and
+the search boxes a reader sees. :meth:`Chromium.search` reads the results of a search.
+It can save a screenshot of one page. ``python tools/browser.py [SITE] [--screenshot PNG]``
+prints the report.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -91,6 +94,33 @@ OVERFLOW_JS = r"""
   const page = document.documentElement.scrollWidth - Math.min(window.innerWidth, width);
   if (page > 1) out.push({element: 'the page', overflow: 'scrolls', px: page});
   return JSON.stringify(out);
+})
+"""
+
+# Visible places to type a search (a field or the button that opens the search dialog).
+SEARCH_BOXES_JS = r"""
+[...document.querySelectorAll('.search-button, .search-button-field, input[type=search], '
+    + 'form.bd-search input, #searchbox input')]
+  .filter(el => { const r = el.getBoundingClientRect(), s = getComputedStyle(el);
+                  return r.width > 0 && r.height > 0 && s.visibility !== 'hidden'; })
+  .map(el => el.className || el.tagName).join('\n')
+"""
+
+# The results on the search page once Sphinx's search has finished: [title, snippet] each.
+SEARCH_RESULTS_JS = r"""
+new Promise((resolve) => {
+  const started = Date.now();
+  const poll = () => {
+    const items = [...document.querySelectorAll('#search-results ul.search li')];
+    const status = document.querySelector('#search-results .search-summary, #search-results p');
+    const done = status && /finished|did not match/i.test(status.innerText);
+    const snippets = items.filter(li => li.querySelector('p.context')).length;
+    if ((done && snippets === items.length) || Date.now() - started > 20000)
+      resolve(JSON.stringify(items.map(li => [li.querySelector('a').innerText,
+          (li.querySelector('p.context') || {innerText: ''}).innerText])));
+    else setTimeout(poll, 100);
+  };
+  poll();
 })
 """
 
@@ -200,6 +230,15 @@ class Chromium:
         wide (see ``OVERFLOW_JS``)."""
         return json.loads(self.evaluate(f"{OVERFLOW_JS}({'true' if phone else 'false'}, {width})"))
 
+    def search_boxes(self) -> list[str]:
+        """The visible search fields and buttons of the page now open."""
+        return [b for b in self.evaluate(SEARCH_BOXES_JS).split("\n") if b]
+
+    def search(self, search_page: str, query: str) -> list[list[str]]:
+        """Open ``search_page`` (a URL) for ``query``; return its results as [title, snippet]."""
+        self.open(f"{search_page}?q={urllib.parse.quote(query)}")
+        return json.loads(self.evaluate(SEARCH_RESULTS_JS, await_promise=True))
+
     def screenshot(self, path: Path) -> None:
         data = self.call("Page.captureScreenshot", format="png")["data"]
         Path(path).write_bytes(base64.b64decode(data))
@@ -229,6 +268,10 @@ def check_site(site: Path, executable: str | None = None, screenshot: tuple[str,
 
     ``screenshot`` = (page file name, png path) saves a screenshot of that page. The report
     maps ``"pages"`` to {file name: page report} and ``"sidebar"`` to the landing page's links.
+    Each page report also lists what overflows the text column at a laptop's width
+    (``overflow_laptop``: any element) and at a phone's (``overflow_phone``: text and
+    figures), and the visible search boxes at each width (``search_boxes_laptop``,
+    ``search_boxes_phone``).
     """
     executable = executable or find_chromium()
     if executable is None:
@@ -238,22 +281,32 @@ def check_site(site: Path, executable: str | None = None, screenshot: tuple[str,
     if not index.is_file():
         raise FileNotFoundError(f"{index} does not exist: render the site first")
     report: dict[str, Any] = {"pages": {}}
-    with Chromium(executable) as browser:
+    with Chromium(executable, width=LAPTOP) as browser:
         def visit(url: str) -> dict[str, Any]:
             browser.open(url)
             page = json.loads(browser.evaluate(PAGE_REPORT_JS))
             page["errors"] = browser.errors()
+            page["overflow_laptop"] = browser.overflow(LAPTOP)
+            page["search_boxes_laptop"] = browser.search_boxes()
             return page
 
+        browser.set_width(LAPTOP)
         home = visit(index.as_uri())
         report["pages"]["index.html"] = home
         report["sidebar"] = [u for u in home["sidebar"] if u.startswith("file://")]
+        urls = {"index.html": index.as_uri()}
         for url in report["sidebar"]:
             name = url.rsplit("/", 1)[-1]
             if name not in report["pages"]:
+                urls[name] = url
                 report["pages"][name] = visit(url)
                 if screenshot and name == screenshot[0]:
                     browser.screenshot(screenshot[1])
+        browser.set_width(PHONE, mobile=True)
+        for name, url in urls.items():
+            browser.open(url)
+            report["pages"][name]["overflow_phone"] = browser.overflow(PHONE, phone=True)
+            report["pages"][name]["search_boxes_phone"] = browser.search_boxes()
     return report
 
 
@@ -270,7 +323,8 @@ def main(argv: list[str]) -> int:
     for name, page in report["pages"].items():
         print(f"{name:34s} formulas {page['formulas']:5d}  images {page['images']:3d}  "
               f"raw TeX {page['raw_tex'] or '-'}  broken {len(page['broken_images'])}  "
-              f"errors {page['errors'] or '-'}")
+              f"overflow {len(page['overflow_laptop'])} at {LAPTOP} px, "
+              f"{len(page['overflow_phone'])} at {PHONE} px  errors {page['errors'] or '-'}")
     print(f"{len(report['pages'])} pages checked in {time.perf_counter() - start:.1f} s; "
           f"screenshot {args.screenshot}")
     return 0

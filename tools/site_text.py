@@ -29,20 +29,48 @@ _HEADER = re.compile(r"^check +expected +got +pass +error$")
 _RULE = re.compile(r"^-+(?: +-+){4}$")
 
 
-def _string_literals(source: str) -> list[str]:
-    """The plain string literals of a cell's source (f-strings and magics are skipped)."""
+def _string_literals(source: str) -> list[str | re.Pattern[str]]:
+    """The string literals of a cell's source: plain ones as strings, f-strings as patterns
+    (a replacement field matches anything). A source that does not parse has none."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return []
-    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    out: list[str | re.Pattern[str]] = []
+    inside = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in inside:
+            out.append(node.value)
+        elif isinstance(node, ast.JoinedStr):
+            parts = [re.escape(v.value) if isinstance(v, ast.Constant) else "(?:.+?)"
+                     for v in node.values]
+            out.append(re.compile("".join(parts), flags=re.S))
+    return out
 
 
-def restore_name(cut: str, literals: list[str]) -> str:
-    """The full check name for ``cut`` (ending in "…") if exactly one literal starts with it."""
+def _complete(prefix: str, literal: str | re.Pattern[str]) -> str | None:
+    """``literal`` as the text that starts with ``prefix``, if it can be known.
+
+    An f-string is known when ``prefix`` runs past its last replacement field: what is
+    left is its literal tail."""
+    if isinstance(literal, str):
+        return literal if literal.startswith(prefix) and len(literal) > len(prefix) else None
+    pattern = literal.pattern
+    last = pattern.rfind("(?:.+?)")
+    if last < 0:
+        return None
+    head, tail = re.compile(pattern[:last + 7], flags=re.S), re.sub(r"\\(.)", r"\1", pattern[last + 7:])
+    for j in range(1, len(prefix) + 1):  # the shortest value of the last field
+        if tail.startswith(prefix[j:]) and len(prefix) - j < len(tail) and head.fullmatch(prefix[:j]):
+            return prefix[:j] + tail
+    return None
+
+
+def restore_name(cut: str, literals: list[str | re.Pattern[str]]) -> str:
+    """The full check name for ``cut`` (ending in "…") if exactly one literal completes it."""
     if not cut.endswith("…"):
         return cut
-    found = {s for s in literals if s.startswith(cut[:-1]) and len(s) > len(cut) - 1}
+    found = {full for lit in literals if (full := _complete(cut[:-1], lit)) is not None}
     return found.pop() if len(found) == 1 else cut
 
 
@@ -80,8 +108,9 @@ def checks_to_html(text: str, source: str = "") -> str | None:
         if m and i + 2 < len(lines) and _HEADER.match(lines[i + 1]) and _RULE.match(lines[i + 2]):
             spans = [(x.start(), x.end() + 2) for x in re.finditer(r"-+", lines[i + 2])]
             rows, i = [], i + 3
-            while i < len(lines) and lines[i].strip() and not _TITLE.match(lines[i]):
-                rows.append(_split_row(lines[i], spans))
+            while i < len(lines) and len(row := _split_row(lines[i], spans)) == 5 \
+                    and row[3] in ("yes", "NO"):  # a row has its pass mark; the table ends
+                rows.append(row)
                 i += 1
             if plain:
                 parts.append(_pre("\n".join(plain)))
