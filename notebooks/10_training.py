@@ -39,6 +39,7 @@ from IPython.display import display
 import llmbook.training.checkpoint as checkpoint_module
 from llmbook.inference.sampling import sample_text
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.text.corpus import load_stdlib_docs
 from llmbook.text.data import default_source
 from llmbook.text.ngram import NGramModel
 from llmbook.training.checkpoint import (
@@ -436,6 +437,9 @@ for s, v in zip(th["val_steps"], th["val_loss"], strict=True):
         print(f"step {s:4d}  val {v:.3f} nats/token (perplexity {np.exp(v):6.1f})")
 print(f"final: {text_info['val_loss']:.3f} nats/token = {text_info['val_bits_per_byte']:.3f} "
       f"bits per byte of held-out text")
+train_bytes = len(load_stdlib_docs().encode("utf-8")) - text_info["val_bytes"]
+print(f"bytes of text per token: {train_bytes / text_info['num_train_tokens']:.2f} (training), "
+      f"{text_info['val_bytes'] / text_info['num_val_tokens']:.2f} (validation)")
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 3.8))
@@ -449,10 +453,11 @@ save_figure(fig, "10_training_text_loss")
 plt.show()
 
 # %% [markdown]
-# The validation loss falls from $\log 1024 = 6.93$ to 3.67 nats per token. Per byte of
-# text that is $3.67 / (2.5 \ln 2) \approx 2.1$ bits: a unit that does not depend on the
-# tokenizer, so it compares models with different vocabularies (a loss per *token* does
-# not: a larger vocabulary packs more text into a token and so more surprise). The
+# The validation loss falls from $\log 1024 = 6.93$ to 3.67 nats per token. The held-out
+# text has 2.57 bytes per token, so per byte that is $3.67 / (2.57 \ln 2) \approx 2.06$
+# bits: a unit that does not depend on the tokenizer, so it compares models with different
+# vocabularies (a loss per *token* does not: a larger vocabulary packs more text into a
+# token and so more surprise). The
 # training loss ends well below the validation loss, about 2.2 against 3.6: the model
 # has seen each training token almost nine times and has begun to memorise the training
 # docstrings. The recipe stops at 1000 steps because a longer run (1500 steps, tried while
