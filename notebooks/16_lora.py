@@ -315,6 +315,9 @@ s_rand, e_rand = energy(torch.randn(192, 192, generator=g, dtype=f64))
 for k in (4, 16, 48):
     print(f"top {k:2d} of 192 directions: {float(e_ft[k - 1]):.2f} of the fine-tuning update's "
           f"energy, {float(e_rand[k - 1]):.2f} of a random matrix's")
+hundredfold = int((s_ft / s_ft[0] < 0.01).nonzero()[0]) + 1  # the first i with σ_i < σ_1 / 100
+print(f"σ_i / σ_1 first falls below 0.01 at i = {hundredfold} for the fine-tuning update; "
+      f"there a random matrix's is {float(s_rand[hundredfold - 1] / s_rand[0]):.2f}")
 
 # %%
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -335,10 +338,10 @@ plt.show()
 
 # %% [markdown]
 # On the left, the singular values of the fine-tuning update fall a hundred-fold over the
-# first 150 indices, where those of a random matrix (whose energy is spread evenly over all
-# directions) fall less than ten-fold. On the right, the same as energy: the top 4 directions
-# (grey line) hold about a third of the update's energy, four times a random matrix's share,
-# and the top 16 hold three quarters. It is not rank 4 either: a long tail of smaller singular
+# first 160 indices, where those of a random matrix (whose energy is spread evenly over all
+# directions) fall less than ten-fold, to 0.14 of the largest. On the right, the same as
+# energy: the top 4 directions (grey line) hold about a third of the update's energy, four
+# times a random matrix's share, and the top 16 hold three quarters. It is not rank 4 either: a long tail of smaller singular
 # values carries the rest, part of it the noise of 80 small batches. A rank-$r$ adapter can
 # represent the head and not the tail, which is why a small rank recovers part, but not all,
 # of what full fine-tuning gains.
