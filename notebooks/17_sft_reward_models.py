@@ -54,6 +54,7 @@ from llmbook.alignment.reward_model import (
     spearman_correlation,
 )
 from llmbook.alignment.sft import pack_examples, response_values, sft_batch, sft_loss, sft_step
+from llmbook.alignment.shipped import load_artifact
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
 from llmbook.training.pretrained import book_model
 
@@ -320,6 +321,9 @@ held_out_keep = torch.nonzero(test_pairs.reward_chosen >= 1).squeeze(1)
 held_out = pack_examples([(test_pairs.prompts[i], test_pairs.chosen[i]) for i in held_out_keep.tolist()], 128)
 print(f"{len(demos)} demonstrations, mean true reward {float(train_pairs.reward_chosen[keep].mean()):.2f}; "
       f"{len(held_out_keep)} held out")
+base_eval = load_artifact("ppo")[1]["final"]["base"]  # the base model's shipped evaluation (chapter 18)
+print(f"the base model's own responses to the {base_eval['num']} test prompts: mean true reward "
+      f"{base_eval['reward']:.2f}")
 
 
 @torch.no_grad()
@@ -504,6 +508,8 @@ fresh = RewardModel(copy.deepcopy(base), trainable_blocks=2, train_embeddings=Tr
 with torch.no_grad():
     first = reward_model_loss(fresh, train_pairs.prompts[:64], train_pairs.chosen[:64], train_pairs.rejected[:64])
 n_trained = sum(p.numel() for p in fresh.parameters() if p.requires_grad)
+print(f"trained: {n_trained:,} of {sum(p.numel() for p in fresh.parameters()):,} parameters "
+      f"({n_trained / sum(p.numel() for p in fresh.parameters()):.0%})")
 checks = Checks("an untrained reward model")
 checks.close("loss at the start = log 2", math.log(2), first.loss, tol=1e-7)
 cfg = base.config
@@ -584,7 +590,12 @@ plt.show()
 print(f"test accuracy {scores['accuracy']:.2f} (Bayes ceiling {scores['bayes_accuracy']:.2f}); "
       f"non-tied pairs {scores['accuracy_non_tied']:.2f} (ceiling {scores['bayes_accuracy_non_tied']:.2f})")
 print(f"the true reward on these labels: {scores['true_reward_accuracy']:.2f}")
-print(f"correlation with the true reward: Pearson {scores['pearson']:.2f}, Spearman {scores['spearman']:.2f}")
+print(f"correlation with the true reward: Pearson {scores['pearson']:.2f}, Spearman {scores['spearman']:.2f}; "
+      f"least-squares slope {fit[0]:.2f}")
+sampled = torch.cat([pairs.reward_chosen for pairs in (train_pairs, test_pairs)]
+                    + [pairs.reward_rejected for pairs in (train_pairs, test_pairs)])
+print(f"sampled responses (all pairs) with more than two keywords: {int((sampled > 2).sum())} of "
+      f"{len(sampled)}, {float((sampled > 2).double().mean()):.1%}")
 
 # %% [markdown]
 # The learned reward reaches the ceiling's accuracy on all pairs, and a few points under it on
