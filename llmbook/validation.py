@@ -8,13 +8,14 @@ message names the argument and the value it got.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
-__all__ = ["check_finite", "check_floating_tensor", "check_index", "check_nonempty",
+__all__ = ["check_finite", "check_floating_tensor", "check_index", "check_keys", "check_nonempty",
            "check_nonnegative_number", "check_positive_int", "check_positive_number", "check_probability",
-           "check_same_dtype", "check_token_ids"]
+           "check_same_dtype", "check_sequence", "check_token_ids"]
 
 
 def check_positive_int(name: str, value: object) -> int:
@@ -144,3 +145,31 @@ def check_same_dtype(x: Any, name: str, like: Any, like_name: str) -> Any:
     if x.dtype != like.dtype:
         raise TypeError(f"{name} must have the dtype of {like_name}, {like.dtype}, got {x.dtype}")
     return x
+
+
+def check_sequence(x: object, name: str, width: int, like: Any, like_name: str = "the layer's weights") -> Any:
+    """Return ``x`` if it is a floating-point (batch, T, ``width``) tensor with T >= 1 and the
+    dtype of ``like``, else raise ``TypeError`` (not a floating tensor, another dtype) or
+    ``ValueError`` (another shape) naming ``name``: the input of a sequence-mixing layer."""
+    check_floating_tensor(x, name)
+    if x.ndim != 3 or x.shape[-1] != width or x.shape[1] == 0:
+        raise ValueError(f"{name} must have shape (batch, T, d_model) = (batch, T, {width}) with T >= 1, "
+                         f"got {tuple(x.shape)}")
+    return check_same_dtype(x, name, like, like_name)
+
+
+def check_keys(mapping: object, name: str, keys: Iterable[str]) -> Mapping:
+    """Return ``mapping`` if it is a mapping holding every one of ``keys``, else raise
+    ``TypeError`` (not a mapping) or ``ValueError`` naming ``name``, the missing keys and all
+    the required ones (a bare ``KeyError: 'lr'`` says neither what was given nor what is needed).
+
+    >>> check_keys({"seed": 0, "lr": 0.1}, "spec", ("seed", "lr"))
+    {'seed': 0, 'lr': 0.1}
+    """
+    if not isinstance(mapping, Mapping):
+        raise TypeError(f"{name} must be a dict, got {type(mapping).__name__}")
+    keys = list(keys)
+    missing = [k for k in keys if k not in mapping]
+    if missing:
+        raise ValueError(f"{name} is missing the key(s) {missing}: it needs {keys}, got {list(mapping)}")
+    return mapping

@@ -207,6 +207,14 @@ MORE_ALIGNMENT_CASES = [
      "lr must be a positive finite number"),
     ("run_length_toy num_groups 0", lambda: reasoning.run_length_toy("token_mean", steps=1, num_groups=0),
      ValueError, "num_groups must be positive"),
+    ("LoRALinear float64 input", lambda: lora.LoRALinear(torch.nn.Linear(4, 3), 2, 4.0)(
+        torch.randn(2, 4, dtype=torch.float64)), TypeError, "x must have the dtype of the adapter's weights, torch.float32"),
+    ("optimal_policy NaN rewards", lambda: dpo.optimal_policy(torch.tensor([0.5, 0.5]), torch.tensor([NAN, 0.0]), 1.0),
+     ValueError, "rewards must not hold NaN"),
+    ("bayes_optimal_accuracy NaN", lambda: reward_model.bayes_optimal_accuracy(
+        torch.tensor([0.0, NAN]), torch.zeros(2), 1.0), ValueError, "true_a must not hold NaN"),
+    ("kl_shaped_rewards NaN scores", lambda: ppo.kl_shaped_rewards(
+        torch.tensor([NAN, 1.0]), _lp(2, 3), _lp(2, 3), 0.1), ValueError, "scores must not hold NaN"),
 ]
 
 
@@ -219,6 +227,7 @@ def test_more_alignment_bad_input(thunk, error, match):
 
 def _scale_cases():
     from llmbook.scale import (
+        collectives,
         cost_model,
         data_parallel,
         induction,
@@ -310,6 +319,37 @@ def _scale_cases():
         ("make_regression_batches batch_size", lambda: zero.make_regression_batches(2, -2), ValueError, "batch_size must be positive"),
         ("make_regression_batches dtype", lambda: zero.make_regression_batches(2, 2, dtype=torch.long), TypeError,
          "dtype must be a floating-point dtype"),
+        # the second sweep: functions shown in the chapters
+        ("causal_convolution T=0", lambda: ssm.causal_convolution(torch.zeros(2, 0), torch.zeros(0)), ValueError,
+         r"u has no positions \(T = 0\)"),
+        ("causal_convolution dtype mix", lambda: ssm.causal_convolution(torch.zeros(3), torch.zeros(3, dtype=torch.float64)),
+         TypeError, "K must have the dtype of u"),
+        ("causal_convolution NaN", lambda: ssm.causal_convolution(torch.full((3,), NAN), torch.ones(3)), ValueError,
+         "u must not hold NaN"),
+        ("fit_alpha_beta NaN seconds", lambda: collectives.fit_alpha_beta([1e3, 1e4], [1e-3, NAN], 2), ValueError,
+         "seconds must not hold NaN"),
+        ("fit_alpha_beta NaN bytes", lambda: collectives.fit_alpha_beta([NAN, 1e4], [1e-3, 2e-3], 2), ValueError,
+         "n_bytes must not hold NaN"),
+        ("fit_alpha_beta strings", lambda: collectives.fit_alpha_beta([1e3, 1e4], ["a", "b"], 2), TypeError,
+         "seconds must be a 1-d sequence of numbers"),
+        ("run_with_cache empty ids", lambda: aot.run_with_cache(ids[:, :0]), ValueError, "ids is empty"),
+        ("run_with_cache ids out of range", lambda: aot.run_with_cache(ids + 10), ValueError,
+         r"ids must hold token ids in \[0, 10\)"),
+        ("MambaMixer width", lambda: ssm.MambaMixer(ssm.MambaConfig(10, d_model=8))(torch.randn(2, 3, 5)), ValueError,
+         r"h must have shape \(batch, T, d_model\) = \(batch, T, 8\)"),
+        ("MambaMixer dtype", lambda: ssm.MambaMixer(ssm.MambaConfig(10, d_model=8))(torch.randn(2, 3, 8).double()),
+         TypeError, "h must have the dtype of the layer's weights, torch.float32"),
+        ("RWKVTimeMixing width", lambda: rwkv.RWKVTimeMixing(8)(torch.randn(2, 3, 5)), ValueError,
+         r"x must have shape \(batch, T, d_model\) = \(batch, T, 8\)"),
+        ("RWKVTimeMixing dtype", lambda: rwkv.RWKVTimeMixing(8)(torch.randn(2, 3, 8).double()), TypeError,
+         "x must have the dtype of the layer's weights, torch.float32"),
+        ("RWKVChannelMixing T=0", lambda: rwkv.RWKVChannelMixing(8, 16)(torch.randn(2, 0, 8)), ValueError, "with T >= 1"),
+        ("head_ablation_effects all-False mask", lambda: interpretability.head_ablation_effects(
+            aot, ids, torch.zeros(2, dtype=torch.bool)), ValueError, "mask selects no predictions"),
+        ("route NaN bias", lambda: moe.route(torch.randn(3, 4), 2, bias=torch.tensor([0.0, NAN, 0.0, 0.0])),
+         ValueError, "bias must not hold NaN"),
+        ("route normalize str", lambda: moe.route(torch.randn(3, 4), 2, normalize="yes"), TypeError,
+         "normalize must be a bool"),
     ]
 
 
@@ -320,3 +360,4 @@ SCALE_CASES = _scale_cases()
 def test_scale_bad_input(thunk, error, match):
     with pytest.raises(error, match=match):
         thunk()
+

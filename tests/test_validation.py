@@ -129,3 +129,30 @@ def test_check_nonempty_and_same_dtype():
         check_nonempty(torch.zeros(2, 0), "q")
     with pytest.raises(TypeError, match="k must have the dtype of q, torch.float32, got torch.float64"):
         check_same_dtype(x.double(), "k", x, "q")
+
+
+def test_check_sequence():
+    from llmbook.validation import check_sequence
+
+    w = torch.zeros(4, 8)
+    x = torch.zeros(2, 3, 8)
+    assert check_sequence(x, "h", 8, w) is x
+    for bad in (torch.zeros(2, 3, 5), torch.zeros(3, 8), torch.zeros(2, 0, 8)):
+        with pytest.raises(ValueError, match=r"h must have shape \(batch, T, d_model\) = \(batch, T, 8\) with T >= 1"):
+            check_sequence(bad, "h", 8, w)
+    with pytest.raises(TypeError, match="h must have the dtype of the layer's weights, torch.float32, got torch.float64"):
+        check_sequence(x.double(), "h", 8, w)
+    with pytest.raises(TypeError, match="h must be a floating-point tensor"):
+        check_sequence(x.long(), "h", 8, w)
+
+
+def test_check_keys():
+    from llmbook.validation import check_keys
+
+    spec = {"seed": 0, "lr": 0.1}
+    assert check_keys(spec, "spec", ("seed", "lr")) is spec
+    with pytest.raises(ValueError, match=r"spec is missing the key\(s\) \['steps'\]: it needs \['seed', 'steps'\], "
+                                         r"got \['seed', 'lr'\]"):
+        check_keys(spec, "spec", ("seed", "steps"))
+    with pytest.raises(TypeError, match="spec must be a dict, got list"):
+        check_keys([1], "spec", ("seed",))

@@ -121,7 +121,7 @@ def optimal_policy(ref_probs: Tensor, rewards: Tensor, beta: float) -> Tensor:
     not overflow; responses with pi_ref = 0 keep probability 0.
     """
     _check_distribution(ref_probs, "ref_probs")
-    _check_floating(rewards, "rewards")
+    check_finite(_check_floating(rewards, "rewards"), "rewards")
     if tuple(rewards.shape) != tuple(ref_probs.shape):
         raise ValueError(f"rewards must have the shape of ref_probs, {tuple(ref_probs.shape)}, "
                          f"got {tuple(rewards.shape)}")

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from llmbook.validation import check_positive_int
+from llmbook.validation import check_positive_int, check_same_dtype
 
 __all__ = [
     "GPT2_TARGET_ALIASES",
@@ -135,6 +135,7 @@ class LoRALinear(nn.Module):
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"LoRALinear expects input of shape (..., {self.in_features}), "
                              f"got {tuple(x.shape)}")
+        check_same_dtype(x, "x", self.lora_A, "the adapter's weights")
         y = self.base(x)  # (..., d_out)
         if self.merged:
             return y

@@ -126,7 +126,7 @@ def kl_shaped_rewards(scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor, be
     goes to the last unmasked token of each row. Returns (B, R), detached.
     """
     beta = check_positive_number("beta", beta)
-    _check_floating(scores, "scores")
+    check_finite(_check_floating(scores, "scores"), "scores")
     _check_floating(logprobs, "logprobs")
     _check_floating(ref_logprobs, "ref_logprobs")
     if logprobs.ndim != 2 or tuple(ref_logprobs.shape) != tuple(logprobs.shape):

@@ -295,8 +295,8 @@ def bayes_optimal_accuracy(true_a: Tensor, true_b: Tensor, scale: float) -> Tens
     sigma(0) = 1/2. So the ceiling is mean_i sigma(s |r_a,i - r_b,i|) over the pairs, whichever
     of the two was labelled chosen. ``true_a``, ``true_b``: (N,) true rewards; ``scale`` = s > 0.
     """
-    _check_floating(true_a, "true_a")
-    _check_floating(true_b, "true_b")
+    check_finite(_check_floating(true_a, "true_a"), "true_a")
+    check_finite(_check_floating(true_b, "true_b"), "true_b")
     if true_a.shape != true_b.shape or true_a.ndim != 1 or true_a.numel() == 0:
         raise ValueError(f"true_a and true_b must be (N,) with N >= 1, of one shape; got "
                          f"{tuple(true_a.shape)} and {tuple(true_b.shape)}")

@@ -46,7 +46,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from llmbook.validation import check_floating_tensor, check_positive_int
+from llmbook.validation import (
+    check_finite,
+    check_floating_tensor,
+    check_nonnegative_number,
+    check_positive_int,
+)
 
 __all__ = [
     "Message",
@@ -211,7 +216,26 @@ def ring_all_reduce_bytes_per_rank(n_elements: int, world_size: int,
 def alpha_beta_time(n_bytes: Any, world_size: int, alpha: float, beta: float) -> Any:
     """T = 2 (p - 1) alpha + 2 (p - 1)/p * n beta for ``n_bytes`` (a number or an array)."""
     p = check_positive_int("world_size", world_size)
+    check_nonnegative_number("alpha", alpha)
+    check_nonnegative_number("beta", beta)
     return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes * beta
+
+
+def _measurements(n_bytes: Any, seconds: Any) -> tuple[Tensor, Tensor]:
+    """``n_bytes`` and ``seconds`` as float64 vectors: finite, of one length, two distinct sizes."""
+    vectors = []
+    for name, values in (("n_bytes", n_bytes), ("seconds", seconds)):
+        try:
+            vector = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise TypeError(f"{name} must be a 1-d sequence of numbers, got {values!r}") from error
+        vectors.append(check_finite(vector, name))
+    n, t = vectors
+    if n.shape != t.shape:
+        raise ValueError(f"n_bytes and seconds differ in length: {n.numel()} vs {t.numel()}")
+    if n.unique().numel() < 2:
+        raise ValueError("need at least two distinct message sizes to separate alpha from beta")
+    return n, t
 
 
 def fit_alpha_beta(n_bytes: Any, seconds: Any, world_size: int) -> tuple[float, float]:
@@ -224,12 +248,7 @@ def fit_alpha_beta(n_bytes: Any, seconds: Any, world_size: int) -> tuple[float, 
     p = check_positive_int("world_size", world_size)
     if p < 2:
         raise ValueError("with world_size=1 there is no communication to fit")
-    n = torch.as_tensor(n_bytes, dtype=torch.float64).reshape(-1)
-    t = torch.as_tensor(seconds, dtype=torch.float64).reshape(-1)
-    if n.shape != t.shape:
-        raise ValueError(f"n_bytes and seconds differ in length: {n.numel()} vs {t.numel()}")
-    if n.unique().numel() < 2:
-        raise ValueError("need at least two distinct message sizes to separate alpha from beta")
+    n, t = _measurements(n_bytes, seconds)
     design = torch.stack([torch.full_like(n, 2.0 * (p - 1)), 2.0 * (p - 1) / p * n], dim=1)
     solution = torch.linalg.lstsq(design, t[:, None]).solution[:, 0]
     return float(solution[0]), float(solution[1])

@@ -42,6 +42,7 @@ from llmbook.transformer.positional import LearnedPositions, RotaryEmbedding
 from llmbook.validation import (
     check_finite,
     check_floating_tensor,
+    check_nonempty,
     check_positive_int,
     check_positive_number,
     check_token_ids,
@@ -192,13 +193,10 @@ class AttentionOnlyTransformer(nn.Module):
     def run_with_cache(self, ids: Tensor, ablate: dict | None = None,
                        composition: dict | None = None) -> tuple[Tensor, dict[str, list[Tensor]]]:
         """Logits (B, T, V) and ``{"pattern": [A_l (B, H, T, T)], "z": [z_l (B, H, T, d_head)]}``."""
-        ids = check_token_ids(ids, "ids", ndim=2)
+        ids = check_nonempty(check_token_ids(ids, "ids", ndim=2, vocab_size=self.vocab_size), "ids")
         B, T = ids.shape
         if T > self.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds max_seq_len={self.max_seq_len}")
-        if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got "
-                             f"[{int(ids.min())}, {int(ids.max())}]")
         ablate, composition = ablate or {}, composition or {}
         self._check_ablate(ablate, T)
         self._check_composition(composition)

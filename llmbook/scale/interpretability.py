@@ -89,6 +89,8 @@ def head_ablation_effects(model: AttentionOnlyTransformer, ids: Tensor, mask: Te
         shape = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
         raise ValueError(f"mask must be a boolean (T-1,) or (B, T-1) tensor for ids of shape "
                          f"{tuple(ids.shape)}, got {shape}")
+    if not bool(mask.any()):
+        raise ValueError("mask selects no predictions (all False): the mean loss over them is undefined")
     mask = mask.expand(ids.shape[0], -1)
 
     def loss(ablate: dict | None = None) -> Tensor:

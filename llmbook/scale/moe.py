@@ -103,6 +103,16 @@ def _check_indices(indices: object, num_experts: int) -> Tensor:
     return indices
 
 
+def _check_route_options(normalize: object, bias: object, num_experts: int) -> None:
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool, got {normalize!r} ({type(normalize).__name__})")
+    if bias is not None:
+        check_finite(check_floating_tensor(bias, "bias"), "bias")
+        if bias.shape != (num_experts,):
+            raise ValueError(f"bias must have shape (num_experts,) = ({num_experts},), got "
+                             f"{tuple(bias.shape)}")
+
+
 # ---------------------------------------------------------------- routing
 
 
@@ -133,13 +143,10 @@ def route(router_logits: Tensor, top_k: int, score: str = "softmax", normalize: 
     if score not in SCORES:
         raise ValueError(f"unknown score={score!r}; choose one of {list(SCORES)}")
     scaling = check_positive_number("scaling", scaling)
+    _check_route_options(normalize, bias, n_experts)
     s = torch.softmax(z, dim=-1) if score == "softmax" else torch.sigmoid(z)  # (n, N)
     choice = s
     if bias is not None:
-        bias = check_floating_tensor(bias, "bias")
-        if bias.shape != (n_experts,):
-            raise ValueError(f"bias must have shape (num_experts,) = ({n_experts},), got "
-                             f"{tuple(bias.shape)}")
         choice = s + bias.to(s.dtype)  # (n, N), used for the selection only
     indices = torch.topk(choice, k, dim=-1).indices  # (n, k), best first
     weights = s.gather(1, indices)  # (n, k), from the unbiased scores

@@ -40,6 +40,7 @@ from llmbook.validation import (
     check_positive_int,
     check_positive_number,
     check_same_dtype,
+    check_sequence,
     check_token_ids,
 )
 
@@ -159,12 +160,6 @@ class RWKVConfig:
         check_positive_number("eps", self.eps)
 
 
-def _check_width(x: Tensor, d_model: int) -> None:
-    check_floating_tensor(x, "x")
-    if x.ndim != 3 or x.shape[-1] != d_model:
-        raise ValueError(f"x must have shape (batch, T, d_model) = (batch, T, {d_model}), got {tuple(x.shape)}")
-
-
 def _mix(x: Tensor, shifted: Tensor, mu: Tensor) -> Tensor:
     """mu * x_t + (1 - mu) * x_{t-1}, per channel."""
     return x * mu + shifted * (1 - mu)
@@ -191,6 +186,7 @@ class RWKVTimeMixing(nn.Module):
         self.output = nn.Linear(d, d, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
+        check_sequence(x, "x", self.key.in_features, self.key.weight)
         shifted = token_shift(x)
         k = self.key(_mix(x, shifted, self.time_mix_key))
         v = self.value(_mix(x, shifted, self.time_mix_value))
@@ -215,7 +211,7 @@ class RWKVChannelMixing(nn.Module):
         self.value = nn.Linear(f, d, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        _check_width(x, self.key.in_features)
+        check_sequence(x, "x", self.key.in_features, self.key.weight)
         shifted = token_shift(x)
         k = torch.relu(self.key(_mix(x, shifted, self.time_mix_key))) ** 2  # (batch, T, d_ff)
         r = torch.sigmoid(self.receptance(_mix(x, shifted, self.time_mix_receptance)))

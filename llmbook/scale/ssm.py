@@ -47,6 +47,7 @@ from llmbook.validation import (
     check_positive_int,
     check_positive_number,
     check_same_dtype,
+    check_sequence,
     check_token_ids,
 )
 
@@ -175,6 +176,19 @@ def ssm_kernel(A_bar: Tensor, B_bar: Tensor, C: Tensor, length: int) -> Tensor:
     return torch.stack(K)
 
 
+def _check_convolution(u: object, K: object) -> None:
+    check_floating_tensor(u, "u")
+    check_floating_tensor(K, "K")
+    if u.ndim < 1 or K.shape != (u.shape[-1],):
+        raise ValueError(f"K must have shape (T,) with T = u.shape[-1], got u {tuple(u.shape)} "
+                         f"and K {tuple(K.shape)}")
+    if u.shape[-1] == 0:
+        raise ValueError(f"u has no positions (T = 0), got shape {tuple(u.shape)}")
+    check_same_dtype(K, "K", u, "u")
+    check_finite(u, "u")
+    check_finite(K, "K")
+
+
 def causal_convolution(u: Tensor, K: Tensor, method: str = "fft") -> Tensor:
     """y_t = sum_{j=0}^{t} K_j u_{t-j}: the causal convolution of ``u`` with the kernel ``K``.
 
@@ -182,11 +196,7 @@ def causal_convolution(u: Tensor, K: Tensor, method: str = "fft") -> Tensor:
     padded to 2T so that the circular convolution does not wrap around (O(T log T), as S4);
     ``method="direct"`` sums the products (O(T^2)).
     """
-    check_floating_tensor(u, "u")
-    check_floating_tensor(K, "K")
-    if u.ndim < 1 or K.shape != (u.shape[-1],):
-        raise ValueError(f"K must have shape (T,) with T = u.shape[-1], got u {tuple(u.shape)} "
-                         f"and K {tuple(K.shape)}")
+    _check_convolution(u, K)
     T = u.shape[-1]
     if method == "fft":
         n = 2 * T
@@ -399,6 +409,7 @@ class MambaMixer(nn.Module):
         self.out_proj = nn.Linear(E, c.d_model, bias=c.bias)
 
     def forward(self, h: Tensor) -> Tensor:
+        check_sequence(h, "h", self.in_proj.in_features, self.in_proj.weight)
         x, z = self.in_proj(h).chunk(2, dim=-1)  # (batch, T, E) each
         x = F.silu(self.conv1d(x))
         dt, B, C = self.x_proj(x).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
