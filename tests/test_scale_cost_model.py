@@ -93,7 +93,7 @@ def test_bad_layouts() -> None:
         cm.check_layout(GPT3, A100, replace(LAYOUT, recompute="half"))
     with pytest.raises(ValueError, match="zero_stage"):
         cm.check_layout(GPT3, A100, replace(LAYOUT, zero_stage=4))
-    with pytest.raises(ValueError, match="efficienc"):
+    with pytest.raises(ValueError, match="compute must lie in"):
         cm.predict(GPT3, A100, LAYOUT, cm.Efficiency(0.0))
     with pytest.raises(ValueError, match="unreachable"):
         cm.calibrate_compute_efficiency(GPT3, A100, LAYOUT, 1e6)

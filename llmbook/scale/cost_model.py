@@ -33,7 +33,12 @@ from dataclasses import dataclass, replace
 import sympy as sp
 
 from llmbook.scale.collectives import alpha_beta_time
-from llmbook.validation import check_nonnegative_number, check_positive_int, check_positive_number
+from llmbook.validation import (
+    check_nonnegative_number,
+    check_positive_int,
+    check_positive_number,
+    check_probability,
+)
 
 __all__ = [
     "Cluster",
@@ -75,6 +80,12 @@ class ModelSpec:
     vocab_size: int
     n_params: float | None = None
 
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size"):
+            check_positive_int(name, getattr(self, name))
+        if self.n_params is not None:
+            check_positive_number("n_params", self.n_params)
+
     @property
     def params(self) -> float:
         if self.n_params is not None:
@@ -103,6 +114,13 @@ class Cluster:
     gpus_per_node: int = 8
     latency: float = 10e-6
 
+    def __post_init__(self) -> None:
+        check_positive_int("n_gpus", self.n_gpus)
+        check_positive_int("gpus_per_node", self.gpus_per_node)
+        for name in ("peak_flops", "memory_bytes", "intra_bandwidth", "inter_bandwidth"):
+            check_positive_number(name, getattr(self, name))
+        check_nonnegative_number("latency", self.latency)
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -125,6 +143,16 @@ class Layout:
     zero_stage: int = 0
     virtual_stages: int = 1
 
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "micro_batch", "global_batch", "virtual_stages"):
+            check_positive_int(name, getattr(self, name))
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {RECOMPUTE}, got {self.recompute!r}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise TypeError(f"sequence_parallel must be a bool, got {self.sequence_parallel!r}")
+        if isinstance(self.zero_stage, bool) or self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+
     @property
     def n_gpus(self) -> int:
         return self.tp * self.pp * self.dp
@@ -145,11 +173,25 @@ class Efficiency:
     compute: float = 0.5
     dp_overlap: float = 0.5
 
+    def __post_init__(self) -> None:
+        check_probability("compute", self.compute, allow_zero=False)
+        check_probability("dp_overlap", self.dp_overlap)
+
+
+def _check_specs(**specs: object) -> None:
+    """Each of model=, cluster=, layout=, eff= must be an instance of its class (the classes
+    check their own fields at construction)."""
+    classes = {"model": ModelSpec, "cluster": Cluster, "layout": Layout, "eff": Efficiency}
+    for name, value in specs.items():
+        if not isinstance(value, classes[name]):
+            cls = classes[name].__name__
+            raise TypeError(f"{name} must be {'an' if cls[0] in 'AEIOU' else 'a'} {cls}, got {type(value).__name__}")
+
 
 def check_layout(model: ModelSpec, cluster: Cluster, layout: Layout) -> None:
-    """Raise ValueError for a layout that cannot run the model on the cluster."""
-    for name in ("tp", "pp", "dp", "micro_batch", "global_batch", "virtual_stages"):
-        check_positive_int(name, getattr(layout, name))
+    """Raise ValueError for a layout that cannot run the model on the cluster (TypeError for
+    arguments of the wrong class)."""
+    _check_specs(model=model, cluster=cluster, layout=layout)
     if layout.n_gpus != cluster.n_gpus:
         raise ValueError(f"tp*pp*dp = {layout.tp}*{layout.pp}*{layout.dp} = {layout.n_gpus} "
                          f"does not equal the cluster's {cluster.n_gpus} GPUs")
@@ -161,10 +203,6 @@ def check_layout(model: ModelSpec, cluster: Cluster, layout: Layout) -> None:
     if layout.global_batch % (layout.dp * layout.micro_batch) != 0:
         raise ValueError(f"global_batch={layout.global_batch} is not divisible by "
                          f"dp*micro_batch = {layout.dp * layout.micro_batch}")
-    if layout.recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {layout.recompute!r}")
-    if layout.zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {layout.zero_stage!r}")
 
 
 # ---------------------------------------------------------------- memory
@@ -195,6 +233,7 @@ def activation_bytes_per_layer(model: ModelSpec, micro_batch: int, tp: int = 1,
     selective (attention scores recomputed): sbh(10 + 24/t), or 34 sbh/t;
     full: the layer's input only, 2 sbh (2 sbh/t with sequence parallelism).
     """
+    _check_specs(model=model)
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
     s, b, h, a = model.seq_len, check_positive_int("micro_batch", micro_batch), model.d_model, model.n_heads
@@ -211,6 +250,7 @@ def activation_bytes_per_layer(model: ModelSpec, micro_batch: int, tp: int = 1,
 
 def memory_per_gpu(model: ModelSpec, layout: Layout) -> dict[str, float]:
     """Bytes per GPU: ``weights``, ``grads``, ``optimizer``, ``activations`` and ``total``."""
+    _check_specs(model=model, layout=layout)
     n = model.params / (layout.tp * layout.pp)
     d = layout.dp
     weights = 2 * n / (d if layout.zero_stage >= 3 else 1)
@@ -252,8 +292,7 @@ def predict(model: ModelSpec, cluster: Cluster, layout: Layout,
     ZeRO-3, which also all-gathers the weights).
     """
     check_layout(model, cluster, layout)
-    if not 0 < eff.compute <= 1 or not 0 <= eff.dp_overlap <= 1:
-        raise ValueError(f"efficiencies must be in (0, 1] and [0, 1], got {eff}")
+    _check_specs(eff=eff)
     L, h, s = model.n_layers, model.d_model, model.seq_len
     G, m, t, p, d = cluster.n_gpus, layout.n_microbatches, layout.tp, layout.pp, layout.dp
     tokens = layout.global_batch * s
@@ -322,8 +361,12 @@ def best_layout(model: ModelSpec, cluster: Cluster, global_batch: int,
     divisors of L, dp = G / (tp pp), and the given micro-batch sizes, recomputation and ZeRO
     stages. Ties go to the first found (smaller tp, pp).
     """
+    _check_specs(model=model, cluster=cluster, eff=eff)
+    check_positive_int("global_batch", global_batch)
+    for b in micro_batches:
+        check_positive_int("micro_batches", b)
     best: tuple[Layout, dict[str, float]] | None = None
-    G = check_positive_int("n_gpus", cluster.n_gpus)
+    G = cluster.n_gpus
     tps = [t for t in (2 ** k for k in range(int(math.log2(cluster.gpus_per_node)) + 1))
            if model.n_heads % t == 0 and G % t == 0]
     for t in tps:
