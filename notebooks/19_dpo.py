@@ -363,8 +363,9 @@ checks
 # %%
 print(recipe)
 compute = info["compute"]
+n_model = sum(p.numel() for p in reference.parameters())
 print(f"trainable parameters: {compute['trainable_parameters']:,} (LoRA adapters) of "
-      f"{sum(p.numel() for p in reference.parameters()):,}")
+      f"{n_model:,}, {compute['trainable_parameters'] / n_model:.1%}")
 print(f"{compute['steps']} steps; {compute['forward_tokens']:,} tokens through forward passes "
       f"(reference {2 * recipe['num_pairs'] * (train.prompts.shape[1] + train.chosen.shape[1]):,}), "
       f"{compute['backward_tokens']:,} through backward passes; "
@@ -396,6 +397,9 @@ print(f"{compute['steps']} steps; {compute['forward_tokens']:,} tokens through f
 # %%
 floor = bradley_terry_loss(train.reward_chosen.double(), train.reward_rejected.double())
 print(f"loss of the true reward on the training pairs: {float(floor):.2f} nats (log 2 = {math.log(2):.2f})")
+tied = train.reward_chosen == train.reward_rejected
+print(f"pairs tied in true reward (labelled by a coin flip): {float(tied.double().mean()):.0%} "
+      f"of the {len(tied)} training pairs")
 
 # %%
 h = info["history"]
@@ -450,7 +454,8 @@ mean = lambda v: sum(v) / len(v)  # noqa: E731
 checks = Checks("the shipped DPO run")
 checks.close("first step: loss = log 2 (policy = reference)", math.log(2), h["loss"][0], tol=1e-6)
 checks.true("last 32 steps: mean loss below log 2", mean(h["loss"][last]) < math.log(2))
-checks.true("last 32 steps: mean train accuracy > 0.5", mean(h["accuracy"][last]) > 0.5)
+checks.true("last 32 steps: mean train accuracy > 0.5", mean(h["accuracy"][last]) > 0.5,
+            got=round(mean(h["accuracy"][last]), 2))
 checks.true("last 32 steps: chosen reward > rejected", mean(h["chosen_reward"][last]) > mean(h["rejected_reward"][last]))
 checks.true("both implicit rewards fell below 0", mean(h["chosen_reward"][last]) < 0 and mean(h["rejected_reward"][last]) < 0)
 checks.true("reward of sampled responses rose by > 0.25", info["final"]["reward"] > info["base"]["reward"] + 0.25)
@@ -486,7 +491,8 @@ checks.true("first 256 recomputed = shipped, to 1e-4", float((stored[:256] - rec
 checks.close("Pearson recomputed = the run's", t["pearson"], pearson, tol=1e-6)
 checks.true("Pearson with the true reward > 0.2", pearson > 0.2, got=round(pearson, 2))
 checks.true("Spearman with the true reward > 0.2", spearman > 0.2, got=round(spearman, 2))
-checks.true("|Pearson| of log pi_ref with true reward < 0.1", abs(t["reference_logprob_pearson"]) < 0.1)
+checks.true("|Pearson| of log pi_ref with true reward < 0.1", abs(t["reference_logprob_pearson"]) < 0.1,
+            got=round(t["reference_logprob_pearson"], 2))
 checks.true("test pairs ranked rightly > 0.5", t["pair_accuracy"] > 0.5,
             got=round(t["pair_accuracy"], 2))
 checks
