@@ -235,10 +235,13 @@ def _scale_cases():
         linear_attention,
         moe,
         moe_training,
+        pipeline,
         rwkv,
         ssm,
+        tensor_parallel,
         zero,
     )
+    from llmbook.transformer.layers import MLP
 
     q, v = torch.randn(2, 5, 4), torch.randn(2, 5, 3)
     w, u, k = torch.rand(4), torch.randn(4), torch.randn(2, 5, 4)
@@ -380,6 +383,64 @@ def _scale_cases():
         ("best_layout micro_batches 0", lambda: cost_model.best_layout(
             cost_model.GPT3_175B, cost_model.a100_cluster(8), 8, micro_batches=(0,)), ValueError,
          "micro_batches must be positive"),
+        # distributed training's helpers (no processes started)
+        ("alpha_beta_time negative alpha", lambda: collectives.alpha_beta_time(1e3, 4, -1e-5, 1e-9), ValueError,
+         "alpha must be a finite number >= 0"),
+        ("alpha_beta_time NaN beta", lambda: collectives.alpha_beta_time(1e3, 4, 1e-5, NAN), ValueError,
+         "beta must be a finite number >= 0"),
+        ("zero_memory_per_rank k=0", lambda: zero.zero_memory_per_rank(1, 8, 4, 2, 2, 0), ValueError, "k must be positive"),
+        ("zero_memory_per_rank negative bytes", lambda: zero.zero_memory_per_rank(1, 8, 4, -2, 2, 12), ValueError,
+         "bytes_weight must be positive"),
+        ("tiny_mlp one width", lambda: zero.tiny_mlp(0, dims=(12,)), ValueError, "dims must be a tuple of at least 2"),
+        ("tiny_mlp zero width", lambda: zero.tiny_mlp(0, dims=(12, 0, 8)), ValueError, "dims must be a tuple"),
+        ("make_batches vocab 0", lambda: data_parallel.make_batches(2, 2, vocab_size=0), ValueError,
+         "vocab_size must be positive"),
+        ("ZeroTrainer lr NaN", lambda: zero.ZeroTrainer(zero.tiny_mlp(0), 1, lr=NAN), ValueError, "lr must be finite"),
+        ("ZeroTrainer betas", lambda: zero.ZeroTrainer(zero.tiny_mlp(0), 1, betas=(0.9, 1.5)), ValueError, "beta2 must lie"),
+        ("ZeroTrainer master_dtype", lambda: zero.ZeroTrainer(zero.tiny_mlp(0), 1, master_dtype=torch.int32), TypeError,
+         "master_dtype must be None or a floating-point"),
+        ("ZeroTrainer no parameters", lambda: zero.ZeroTrainer(torch.nn.Sequential(torch.nn.Tanh()), 1), ValueError,
+         "model has no parameters"),
+        ("BucketedDataParallel module", lambda: data_parallel.BucketedDataParallel(None), TypeError,
+         "module must be a torch.nn.Module"),
+        ("BucketedDataParallel frozen module", lambda: data_parallel.BucketedDataParallel(
+            torch.nn.Linear(2, 2).requires_grad_(False)), ValueError, "module has no parameter that requires a gradient"),
+        ("ColumnParallelLinear 1-d weight", lambda: tensor_parallel.ColumnParallelLinear(torch.zeros(4), None), ValueError,
+         r"weight must be 2-d \(d_out, d_in\)"),
+        ("RowParallelLinear bias shape", lambda: tensor_parallel.RowParallelLinear(torch.zeros(4, 2), torch.zeros(2)),
+         ValueError, r"bias must have shape \(d_out,\) = \(4,\)"),
+        ("RowParallelLinear bias dtype", lambda: tensor_parallel.RowParallelLinear(
+            torch.zeros(4, 2), torch.zeros(4, dtype=torch.float64)), TypeError, "bias must have the dtype of weight"),
+        ("single_process_reference grad_out shape", lambda: tensor_parallel.single_process_reference(
+            MLP(8, 16), torch.randn(2, 3, 8), torch.randn(2, 3, 4)), ValueError, "grad_out must have the shape"),
+        ("single_process_reference grad_out dtype", lambda: tensor_parallel.single_process_reference(
+            MLP(8, 16), torch.randn(2, 3, 8), torch.randn(2, 3, 8).double()), TypeError, "grad_out must have the dtype of x"),
+        ("single_process_reference NaN x", lambda: tensor_parallel.single_process_reference(
+            MLP(8, 16), torch.full((2, 3, 8), NAN), torch.randn(2, 3, 8)), ValueError, "x must not hold NaN"),
+        ("reference_gradients y shape", lambda: pipeline.reference_gradients(
+            pipeline.make_mlp_stack([4, 6, 3]), torch.randn(5, 4, dtype=torch.float64), torch.randn(5, 1, dtype=torch.float64)),
+         ValueError, r"y must have shape \(B, 3\)"),
+        ("check_pipeline x width", lambda: pipeline.check_pipeline(
+            pipeline.make_mlp_stack([4, 6, 3]), torch.randn(4, 5, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64),
+            2, 2, "1f1b"), ValueError, r"x must have shape \(B, 4\)"),
+        ("check_pipeline x dtype", lambda: pipeline.check_pipeline(
+            pipeline.make_mlp_stack([4, 6, 3]), torch.randn(4, 4), torch.randn(4, 3), 2, 2, "1f1b"), TypeError,
+         "x must have the dtype of the model's weights, torch.float64"),
+        ("check_pipeline x NaN", lambda: pipeline.check_pipeline(
+            pipeline.make_mlp_stack([4, 6, 3]), torch.full((4, 4), NAN, dtype=torch.float64),
+            torch.randn(4, 3, dtype=torch.float64), 2, 2, "1f1b"), ValueError, "x must not hold NaN"),
+        ("run_pipeline t_f=0", lambda: pipeline.run_pipeline(
+            pipeline.make_mlp_stack([4, 6, 3]), torch.randn(4, 4, dtype=torch.float64),
+            torch.randn(4, 3, dtype=torch.float64), 2, 2, t_f=0), ValueError, "t_f and t_b must be positive int ticks"),
+        ("run_pipeline compute_seconds NaN", lambda: pipeline.run_pipeline(
+            pipeline.make_mlp_stack([4, 6, 3]), torch.randn(4, 4, dtype=torch.float64),
+            torch.randn(4, 3, dtype=torch.float64), 2, 2, compute_seconds=NAN), ValueError,
+         "compute_seconds must be a finite number >= 0"),
+        ("train_single_process missing lr", lambda: data_parallel.train_single_process({"seed": 0, "steps": 1, "batch_size": 2}),
+         ValueError, r"spec is missing the key\(s\) \['lr'\]"),
+        ("train_unsharded missing weight_decay", lambda: zero.train_unsharded(
+            {"seed": 0, "steps": 1, "batch_size": 2, "lr": 0.1}), ValueError, r"spec is missing the key\(s\) \['weight_decay'\]"),
+        ("train_unsharded spec list", lambda: zero.train_unsharded([1]), TypeError, "spec must be a dict"),
     ]
 
 
@@ -391,3 +452,29 @@ def test_scale_bad_input(thunk, error, match):
     with pytest.raises(error, match=match):
         thunk()
 
+
+def _mixed_precision_cases():
+    from llmbook.training import memory
+
+    return [
+        ("half_ulp integer tensor", lambda: memory.half_ulp(torch.tensor(3), torch.float16), TypeError,
+         "x must be a floating-point tensor, got dtype torch.int64"),
+        ("half_ulp dtype str", lambda: memory.half_ulp(torch.tensor(1.0), "float16"), TypeError,
+         "dtype must be a floating-point torch.dtype"),
+        ("scaler_trajectory scaler", lambda: memory.scaler_trajectory(None, [1.0]), TypeError,
+         "scaler must be a DynamicLossScaler or a torch.amp.GradScaler, got NoneType"),
+        ("scaler_trajectory dtype", lambda: memory.scaler_trajectory(memory.DynamicLossScaler(), [1.0], torch.int8),
+         TypeError, "dtype must be a floating-point torch.dtype"),
+        ("scaler_trajectory gradients", lambda: memory.scaler_trajectory(memory.DynamicLossScaler(), ["a"]),
+         TypeError, "gradients must be a list of numbers"),
+    ]
+
+
+MIXED_PRECISION_CASES = _mixed_precision_cases()
+
+
+@pytest.mark.parametrize(("thunk", "error", "match"), [c[1:] for c in MIXED_PRECISION_CASES],
+                         ids=[c[0] for c in MIXED_PRECISION_CASES])
+def test_mixed_precision_bad_input(thunk, error, match):
+    with pytest.raises(error, match=match):
+        thunk()

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from llmbook.training.optim import AdamW
 from llmbook.transformer.model import TransformerConfig, TransformerLM
-from llmbook.validation import check_index, check_positive_int
+from llmbook.validation import check_index, check_keys, check_positive_int
 
 __all__ = [
     "BucketedDataParallel",
@@ -92,6 +92,11 @@ class BucketedDataParallel(nn.Module):
                  group: Any = None) -> None:
         super().__init__()
         check_positive_int("bucket_cap_bytes", bucket_cap_bytes)
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        params = [p for p in module.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("module has no parameter that requires a gradient")
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: run inside llmbook.scale.launch.run")
         self.module = module
@@ -101,9 +106,6 @@ class BucketedDataParallel(nn.Module):
             src = dist.get_global_rank(group, 0) if group is not None else 0
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor.data, src=src, group=group)
-        params = [p for p in module.parameters() if p.requires_grad]
-        if not params:
-            raise ValueError("the module has no parameter that requires a gradient")
         self.buckets: list[_Bucket] = []
         current: list[nn.Parameter] = []
         size = 0
@@ -182,6 +184,8 @@ def tiny_language_model(seed: int, dtype: torch.dtype = torch.float64) -> Transf
 def make_batches(steps: int, batch_size: int, seq_len: int = 8, vocab_size: int = 32,
                  seed: int = 0) -> Tensor:
     """``steps`` global batches of random token ids, shape (steps, batch_size, seq_len + 1)."""
+    for name, n in (("steps", steps), ("batch_size", batch_size), ("seq_len", seq_len), ("vocab_size", vocab_size)):
+        check_positive_int(name, n)
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab_size, (steps, batch_size, seq_len + 1), generator=g)
 
@@ -196,6 +200,7 @@ def train_single_process(spec: dict[str, Any]) -> tuple[dict[str, Tensor], list[
 
     ``spec`` holds ``seed``, ``steps``, ``batch_size`` (global), ``lr``.
     """
+    check_keys(spec, "spec", ("seed", "steps", "batch_size", "lr"))
     model = tiny_language_model(spec["seed"])
     optimizer = AdamW(model.parameters(), lr=spec["lr"], weight_decay=0.01)
     losses = []

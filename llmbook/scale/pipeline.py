@@ -46,7 +46,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from llmbook.validation import check_positive_int
+from llmbook.validation import (
+    check_finite,
+    check_keys,
+    check_nonnegative_number,
+    check_positive_int,
+    check_same_dtype,
+)
 
 __all__ = [
     "StageReport",
@@ -179,9 +185,36 @@ def _loss(out: Tensor, y: Tensor, batch: int) -> Tensor:
     return ((out - y) ** 2).sum() / batch
 
 
+def _check_xy(model: nn.Sequential, x: object, y: object) -> None:
+    """x (B, d_in) and y (B, d_out): 2-d, finite, in the model's dtype, as wide as its first
+    linear layer's input and its last one's output (y - out would silently broadcast)."""
+    if not isinstance(model, nn.Sequential):
+        raise TypeError(f"model must be an nn.Sequential of blocks, got {type(model).__name__}")
+    for name, t in (("x", x), ("y", y)):
+        if not isinstance(t, Tensor) or not t.is_floating_point() or t.ndim != 2:
+            raise TypeError(f"{name} must be a 2-d floating-point tensor (B, features), got "
+                            f"{getattr(t, 'shape', type(t).__name__)}")
+        check_finite(t, name)
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x and y must have the same batch size, got {x.shape[0]} and {y.shape[0]}")
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if linears:
+        for name, t, width in (("x", x, linears[0].in_features), ("y", y, linears[-1].out_features)):
+            if t.shape[1] != width:
+                raise ValueError(f"{name} must have shape (B, {width}) for this model, got {tuple(t.shape)}")
+            check_same_dtype(t, name, linears[0].weight, "the model's weights")
+
+
+def _check_ticks(t_f: object, t_b: object, compute_seconds: object) -> None:
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in (t_f, t_b)):
+        raise ValueError(f"t_f and t_b must be positive int ticks, got t_f={t_f!r} and t_b={t_b!r}")
+    check_nonnegative_number("compute_seconds", compute_seconds)
+
+
 def reference_gradients(model: nn.Sequential, x: Tensor, y: Tensor) -> tuple[float, list[Tensor]]:
     """Single-process loss and parameter gradients (in ``model.parameters()`` order) on the
     whole batch, with the loss the pipeline uses: sum of squared errors / B."""
+    _check_xy(model, x, y)
     model = copy.deepcopy(model)
     loss = _loss(model(x), y, x.shape[0])
     loss.backward()
@@ -199,12 +232,7 @@ def check_pipeline(model: nn.Sequential, x: Tensor, y: Tensor, num_stages: int,
     p, m = _check_pm(num_stages, num_microbatches)
     schedule(schedule_name, p, m)  # unknown name, 1F1B with m < p
     split_stages(model, p)
-    for name, t in (("x", x), ("y", y)):
-        if not isinstance(t, Tensor) or not t.is_floating_point() or t.ndim != 2:
-            raise TypeError(f"{name} must be a 2-d floating-point tensor (B, features), got "
-                            f"{getattr(t, 'shape', type(t).__name__)}")
-    if x.shape[0] != y.shape[0]:
-        raise ValueError(f"x and y must have the same batch size, got {x.shape[0]} and {y.shape[0]}")
+    _check_xy(model, x, y)
     split_microbatches(x, m)
 
 
@@ -216,6 +244,7 @@ def run_pipeline(model: nn.Sequential, x: Tensor, y: Tensor, num_stages: int,
     from llmbook.scale.launch import run
 
     check_pipeline(model, x, y, num_stages, num_microbatches, schedule_name)
+    _check_ticks(t_f, t_b, compute_seconds)
     return run(pipeline_worker, num_stages, model, x, y, num_microbatches, schedule_name,
                t_f, t_b, compute_seconds, timeout=timeout)
 
@@ -256,8 +285,7 @@ def pipeline_worker(rank: int, world_size: int, model: nn.Sequential, x: Tensor,
     """
     p = world_size
     m = check_positive_int("num_microbatches", num_microbatches)
-    if not (isinstance(t_f, int) and isinstance(t_b, int) and t_f > 0 and t_b > 0):
-        raise ValueError(f"t_f and t_b must be positive int ticks, got {t_f!r} and {t_b!r}")
+    _check_ticks(t_f, t_b, compute_seconds)
     check_pipeline(model, x, y, p, m, schedule_name)
     ops = schedule(schedule_name, p, m)[rank]
     stages = split_stages(model, p)
@@ -349,7 +377,9 @@ def run_pipelines(model: nn.Sequential, x: Tensor, y: Tensor, num_stages: int,
     if not isinstance(runs, list | tuple) or not runs:
         raise TypeError(f"runs must be a non-empty list of dicts, got {runs!r}")
     for kw in runs:
+        check_keys(kw, "each of runs", ("num_microbatches",))
         check_pipeline(model, x, y, num_stages, kw["num_microbatches"], kw.get("schedule_name", "1f1b"))
+        _check_ticks(kw.get("t_f", 1), kw.get("t_b", 2), kw.get("compute_seconds", 0.0))
     per_rank = run(pipeline_worker_many, num_stages, model, x, y, list(runs), timeout=timeout)
     return [[per_rank[s][i] for s in range(num_stages)] for i in range(len(runs))]
 

@@ -50,7 +50,13 @@ from llmbook.transformer.attention import (
     scaled_dot_product_attention,
 )
 from llmbook.transformer.layers import MLP, get_activation
-from llmbook.validation import check_index, check_positive_int
+from llmbook.validation import (
+    check_finite,
+    check_floating_tensor,
+    check_index,
+    check_positive_int,
+    check_same_dtype,
+)
 
 __all__ = [
     "ColumnParallelLinear",
@@ -206,6 +212,17 @@ def _check_float_tensor(x: object, name: str, last: int) -> Tensor:
     return x
 
 
+def _check_weight_bias(weight: object, bias: object) -> None:
+    """A shard's weight (d_out, d_in) and bias (d_out,) or None: floating, of one dtype."""
+    check_floating_tensor(weight, "weight")
+    if weight.ndim != 2:
+        raise ValueError(f"weight must be 2-d (d_out, d_in), got shape {tuple(weight.shape)}")
+    if bias is not None:
+        check_same_dtype(check_floating_tensor(bias, "bias"), "bias", weight, "weight")
+        if bias.shape != weight.shape[:1]:
+            raise ValueError(f"bias must have shape (d_out,) = ({weight.shape[0]},), got {tuple(bias.shape)}")
+
+
 class ColumnParallelLinear(nn.Module):
     """Y_i = f(X) A_i^T + b_i: rank i's slice of the output features (Megatron's A split by columns).
 
@@ -217,6 +234,7 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, weight: Tensor, bias: Tensor | None, counter: CommCounter | None = None,
                  copy_input: bool = True, group: Any = None) -> None:
         super().__init__()
+        _check_weight_bias(weight, bias)
         self.weight = nn.Parameter(weight.detach().clone())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
         self.counter, self.copy_input, self.group = counter, copy_input, group
@@ -248,6 +266,7 @@ class RowParallelLinear(nn.Module):
     def __init__(self, weight: Tensor, bias: Tensor | None, counter: CommCounter | None = None,
                  group: Any = None) -> None:
         super().__init__()
+        _check_weight_bias(weight, bias)
         self.weight = nn.Parameter(weight.detach().clone())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
         self.counter, self.group = counter, group
@@ -363,6 +382,17 @@ def _parallel_layer(layer: nn.Module, rank: int, world_size: int,
     raise TypeError(f"layer must be an llmbook MLP or MultiHeadAttention, got {type(layer).__name__}")
 
 
+def _check_x_grad_out(x: object, grad_out: object) -> None:
+    """x (B, T, d) and the output gradient grad_out of the same shape and dtype (the layers map
+    d to d): a mismatch would fail inside autograd's backward, on every rank."""
+    check_finite(check_floating_tensor(x, "x"), "x")
+    check_same_dtype(check_floating_tensor(grad_out, "grad_out"), "grad_out", x, "x")
+    check_finite(grad_out, "grad_out")
+    if grad_out.shape != x.shape:
+        raise ValueError(f"grad_out must have the shape of the layer's output, that of x {tuple(x.shape)}, "
+                         f"got {tuple(grad_out.shape)}")
+
+
 def run_tensor_parallel_layer(rank: int, world_size: int, layer: nn.Module, x: Tensor,
                               grad_out: Tensor) -> dict[str, Any]:
     """Worker for :func:`llmbook.scale.launch.run`: shard ``layer``, run forward and backward.
@@ -372,6 +402,7 @@ def run_tensor_parallel_layer(rank: int, world_size: int, layer: nn.Module, x: T
     ``grad_out``. Returns ``{"out", "x_grad", "grads" (name -> (shard, split dim)), "calls"}``,
     ``calls`` being the :class:`CommCounter`'s records.
     """
+    _check_x_grad_out(x, grad_out)
     counter = CommCounter()
     par = _parallel_layer(layer, rank, world_size, counter)
     x = x.detach().clone().requires_grad_(True)
@@ -398,6 +429,7 @@ def single_process_reference(layer: nn.Module, x: Tensor,
         forward = layer
     else:
         raise TypeError(f"layer must be an llmbook MLP or MultiHeadAttention, got {type(layer).__name__}")
+    _check_x_grad_out(x, grad_out)
     layer.zero_grad(set_to_none=True)
     x = x.detach().clone().requires_grad_(True)
     out = forward(x)

@@ -46,8 +46,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from llmbook.training.optim import AdamW
-from llmbook.validation import check_index, check_positive_int
+from llmbook.training.optim import AdamW, _check_adam_group
+from llmbook.validation import check_index, check_keys, check_positive_int
 
 __all__ = [
     "ZeroTrainer",
@@ -111,6 +111,12 @@ class ZeroTrainer:
                             f"got {type(model).__name__}")
         if stage not in (0, 1, 2, 3) or isinstance(stage, bool):
             raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
+        _check_adam_group({"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+        if master_dtype is not None and not (isinstance(master_dtype, torch.dtype) and master_dtype.is_floating_point):
+            raise TypeError(f"master_dtype must be None or a floating-point torch.dtype, got {master_dtype!r}")
+        first = next(model.parameters(), None)
+        if first is None:
+            raise ValueError("the model has no parameters")
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: run inside llmbook.scale.launch.run")
         self.model, self.stage, self.group = model, stage, group
@@ -119,9 +125,6 @@ class ZeroTrainer:
         self.units = list(model)
         self.unit_params = [[p for p in u.parameters() if p.requires_grad] for u in self.units]
         self._shapes = [[tuple(p.shape) for p in params] for params in self.unit_params]
-        first = next(model.parameters(), None)
-        if first is None:
-            raise ValueError("the model has no parameters")
         self.dtype, self.device = first.dtype, first.device
         self.master_dtype = master_dtype or self.dtype
         self.masters: list[nn.Parameter | None] = []
@@ -347,10 +350,11 @@ def zero_memory_per_rank(stage: int, psi: int, world_size: int, bytes_weight: in
                          bytes_grad: int, k: int) -> dict[str, int]:
     """The formula by category, in integers; ``psi`` must be divisible by ``world_size``
     (pad it first, as :class:`ZeroTrainer` does per unit)."""
-    if stage not in (0, 1, 2, 3):
+    if stage not in (0, 1, 2, 3) or isinstance(stage, bool):
         raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
-    check_positive_int("psi", psi)
-    check_positive_int("world_size", world_size)
+    for name, value in (("psi", psi), ("world_size", world_size), ("bytes_weight", bytes_weight),
+                        ("bytes_grad", bytes_grad), ("k", k)):
+        check_positive_int(name, value)
     if psi % world_size:
         raise ValueError(f"psi={psi} is not divisible by world_size={world_size}: pad it first")
     shard = psi // world_size
@@ -366,6 +370,12 @@ def tiny_mlp(seed: int, dims: tuple[int, ...] = (12, 16, 16, 8),
              dtype: torch.dtype = torch.float64) -> nn.Sequential:
     """Linear-Tanh-...-Linear with the given widths (default 12 -> 16 -> 16 -> 8: 616
     parameters in 3 linear units of 208, 272 and 136, all divisible by 4)."""
+    if not isinstance(dims, tuple | list) or len(dims) < 2 or \
+            any(isinstance(w, bool) or not isinstance(w, int) or w <= 0 for w in dims):
+        raise ValueError(f"dims must be a tuple of at least 2 positive int widths (input, ..., output), "
+                         f"got {dims!r}")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     torch.manual_seed(seed)
     layers: list[nn.Module] = []
     for i, (a, b) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
@@ -391,6 +401,7 @@ def make_regression_batches(steps: int, batch_size: int, d_in: int = 12, d_out: 
 def train_unsharded(spec: dict[str, Any]) -> tuple[list[Tensor], list[float]]:
     """The reference: one process, whole batches, AdamW on the model itself. ``spec``:
     ``seed``, ``steps``, ``batch_size`` (global), ``lr``, ``weight_decay``."""
+    check_keys(spec, "spec", ("seed", "steps", "batch_size", "lr", "weight_decay"))
     model = tiny_mlp(spec["seed"])
     optimizer = AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"])
     losses = []

@@ -36,6 +36,7 @@ Models", section 4.1).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -43,7 +44,7 @@ import sympy as sp
 import torch
 from torch import Tensor, nn
 
-from llmbook.validation import check_positive_int, check_positive_number
+from llmbook.validation import check_floating_tensor, check_positive_int, check_positive_number
 
 __all__ = [
     "DynamicLossScaler",
@@ -85,6 +86,11 @@ def float_format_symbolic(exponent_bits: int, mantissa_bits: int) -> dict[str, s
             "digits": (m + 1) * sp.log(2, 10)}
 
 
+def _check_float_dtype(dtype: object) -> None:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+
+
 def half_ulp(x: Tensor, dtype: torch.dtype) -> Tensor:
     """Half the spacing of ``dtype``'s numbers at |x| (normal range): an update of smaller
     magnitude added to x rounds back to x (round to nearest, ties to even).
@@ -92,9 +98,8 @@ def half_ulp(x: Tensor, dtype: torch.dtype) -> Tensor:
     For |x| in [2^e, 2^(e+1)) the spacing is eps * 2^e, with eps = ``finfo(dtype).eps``
     (2^-7 for bfloat16, 2^-10 for float16, 2^-23 for float32).
     """
-    if not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
-    x = torch.as_tensor(x, dtype=torch.float64)
+    _check_float_dtype(dtype)
+    x = torch.as_tensor(check_floating_tensor(x, "x"), dtype=torch.float64)
     if (x == 0).any() or not torch.isfinite(x).all():
         raise ValueError("half_ulp needs finite non-zero x (the normal range)")
     exponent = torch.floor(torch.log2(x.abs()))
@@ -226,6 +231,13 @@ def scaler_trajectory(scaler: object, gradients: list[float], dtype: torch.dtype
     to ``dtype`` as a 16-bit backward would (so S g_t above 65504 overflows to inf in
     float16), and SGD with lr = 1 is the optimizer. The step was taken iff w moved.
     """
+    if not isinstance(scaler, DynamicLossScaler | torch.amp.GradScaler):
+        raise TypeError(f"scaler must be a DynamicLossScaler or a torch.amp.GradScaler, got "
+                        f"{type(scaler).__name__}")
+    if not isinstance(gradients, list | tuple) or \
+            any(isinstance(g, bool) or not isinstance(g, numbers.Real) for g in gradients):
+        raise TypeError(f"gradients must be a list of numbers (one per step), got {gradients!r}")
+    _check_float_dtype(dtype)
     w = nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([w], lr=1.0)
     out = []
