@@ -547,11 +547,12 @@ V = info["variants"]
 names = {"dense": "dense (SwiGLU 128)", "moe_aux": "MoE, Switch loss α=0.01",
          "moe_aux_small": "MoE, Switch loss α=0.001", "moe_free": "MoE, bias balancing",
          "moe_none": "MoE, no balancing"}
-print(f"{'model':26s} {'parameters':>10s} {'active':>8s} {'FLOPs/step':>11s} {'final val loss':>15s}")
+print(f"{'model':26s} {'parameters':>10s} {'active':>8s} {'FLOPs/step':>11s} {'final val loss':>15s}"
+      f" {'- dense':>8s}")
 for key, label in names.items():
     h = V[key]
     print(f"{label:26s} {h['total_parameters']:10d} {h['active_parameters']:8d} "
-          f"{h['flops_per_step']:11.3e} {h['val_loss'][-1]:15.3f}")
+          f"{h['flops_per_step']:11.3e} {h['val_loss'][-1]:15.3f} {h['val_loss'][-1] - V['dense']['val_loss'][-1]:+8.2f}")
 checks = Checks("shipped models: parameter counts")
 checks.equal("MoE active = dense + 2 routers (2 x 8 x 64)", V["dense"]["active_parameters"] + 2 * 8 * 64,
              active_parameters(moe_model))
