@@ -278,6 +278,7 @@ spec = {"seed": 0, "steps": 4, "batch_size": 8, "lr": 1e-2, "bucket_cap_bytes": 
 reference, ref_losses = data_parallel.train_single_process(spec)
 book = run(data_parallel.ddp_train_worker, 2, spec | {"implementation": "book"})
 torch_ddp = run(data_parallel.ddp_train_worker, 2, spec | {"implementation": "torch"})
+print(f"the model: {data_parallel.tiny_language_model(spec['seed']).num_parameters():,} parameters")
 
 
 def max_state_error(a, b):
