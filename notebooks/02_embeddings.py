@@ -405,7 +405,7 @@ for ax, d_ in zip(axes, dims, strict=True):
     ax.set_xlabel("cosine similarity (dimensionless)")
     ax.set_ylim(0, 2.5 if d_ == 2 else None)
 axes[0].set_ylabel("probability density")
-axes[0].legend(loc="upper center", fontsize=8)
+axes[0].legend(loc="upper center", fontsize="small")
 fig.suptitle("Pairwise cosines of 600 random Gaussian embeddings: they concentrate at 0 "
              "with width 1/sqrt(d)", y=1.03)
 save_figure(fig, "02_embeddings_random_cosines")
@@ -496,7 +496,7 @@ fig, ax = plt.subplots(figsize=(6, 4.6))
 for cl, ws in classes.items():
     rows = [words.index(w) for w in ws]
     ax.scatter(coords[rows, 0], coords[rows, 1], s=30, alpha=0.8, label=f"{cl}: {' '.join(ws)}")
-ax.legend(fontsize=8, loc="best")
+ax.legend(fontsize="small", loc="best")
 ax.set_xlabel("principal axis 1 (embedding units)")
 ax.set_ylabel("principal axis 2 (embedding units)")
 ax.set_title(f"Toy-grammar embeddings after 300 steps (2 axes keep {explained:.0%} of the variance)")

@@ -505,7 +505,7 @@ ax.set_xscale("log")
 ax.set_ylim(H - 0.1, 3.2)
 ax.set(xlabel="training tokens", ylabel="held-out cross-entropy (nats/token)",
        title="n-gram models on the synthetic source (V = 16, order 2)")
-ax.legend(fontsize=8, ncol=2)
+ax.legend(fontsize="small", ncol=2)
 save_figure(fig, "03_language_modelling_ngram_convergence")
 plt.show()
 

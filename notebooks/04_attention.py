@@ -356,7 +356,7 @@ axes[1].set_ylabel(r"mean $\|\mathrm{diag}(p) - pp^\top\|_F$ (dimensionless)")
 for ax in axes:
     ax.set_xscale("log", base=2)
     ax.set_xlabel(r"key width $d_k$")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize="small")
 axes[0].set_title("Without the scale the softmax collapses to one key")
 axes[1].set_title("... and its Jacobian (the gradient signal) vanishes")
 save_figure(fig, "04_attention_scaling")
@@ -427,7 +427,7 @@ for ax, (A_, title) in zip(axes, panels, strict=True):
     im = ax.imshow(A_.numpy(), cmap="Blues", vmin=0, vmax=1)
     for r in range(len(sentence)):
         for c in range(len(sentence)):
-            ax.text(c, r, f"{A_[r, c]:.2f}", ha="center", va="center", fontsize=7,
+            ax.text(c, r, f"{A_[r, c]:.2f}", ha="center", va="center", fontsize="x-small",
                     color="white" if A_[r, c] > 0.6 else "black")
     ax.set_xticks(range(len(sentence)), sentence, rotation=45)
     ax.set_yticks(range(len(sentence)), sentence)

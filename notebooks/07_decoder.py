@@ -537,7 +537,7 @@ for ax, (parts, fn, what, short) in zip(axes, panels, strict=True):
     ax.set_ylabel("share of the total (%)")
     ax.set_xlabel("model shape")
     ax.set_title(f"Where the {what} go")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
 fig.tight_layout()
 save_figure(fig, "07_decoder_shares")
 plt.show()

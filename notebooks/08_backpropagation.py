@@ -714,7 +714,7 @@ for (dt, scheme), err in errors.items():
 ax.set(xscale="log", yscale="log", ylim=(1e-13, 10), xlabel=r"step $\varepsilon$ (units of x)",
        ylabel="relative error of the derivative (median)",
        title=r"Finite differences of $e^x$: truncation ($\propto\varepsilon^p$) against round-off ($\propto u/\varepsilon$)")
-ax.legend(fontsize=8, loc="lower left")
+ax.legend(fontsize="small", loc="lower left")
 save_figure(fig, "08_backpropagation_finite_differences")
 plt.show()
 

@@ -296,7 +296,7 @@ ax.plot(steps_d, path_w[:, 0], color="C3", lw=2, label="AdamW, all three sigma")
 ax.plot(steps_d, (1 - lr_d * lam_d) ** steps_d, color="k", ls=":", lw=1, label="theory")
 ax.set(xlabel="step t", ylabel="weight theta_t (starts at 1)", ylim=(0, 1.05),
        title="Decay of weights receiving only noise gradients (eta = 1e-3, lambda = 1)")
-ax.legend(loc="lower left", fontsize=8)
+ax.legend(loc="lower left", fontsize="small")
 save_figure(fig, "09_optimisers_weight_decay")
 plt.show()
 
@@ -374,10 +374,10 @@ ax.plot(np.arange(1201), lrs * 1e4, lw=2, label="cosine_schedule")
 ax.plot(np.arange(0, 1001, 25), np.array(hf_lrs[::25]) * 1e4, "o", ms=3, label="transformers")
 for x_, lab in [(100, "end of warmup W"), (550, "midpoint"), (1000, "N")]:
     ax.axvline(x_, color="grey", ls=":", lw=1)
-    ax.text(x_ + 8, 6.2, lab, fontsize=8)
+    ax.text(x_ + 8, 6.2, lab, fontsize="small")
 ax.set(xlabel="optimiser step s", ylabel="learning rate (1e-4)", ylim=(0, 6.8),
        title="Linear warmup to 6e-4 over 100 steps, cosine decay to 6e-5 at step 1000")
-ax.legend(loc="center right", fontsize=8)
+ax.legend(loc="center right", fontsize="small")
 save_figure(fig, "09_optimisers_schedule")
 plt.show()
 
@@ -460,12 +460,12 @@ for ax, names in zip(axes[:2], [list(runs)[:3], list(runs)[3:]], strict=True):
     ax.plot([-1.5], [2.0], "ko", ms=5)
     ax.plot([1.0], [1.0], "r*", ms=12, label="minimum (1, 1)")
     ax.set(xlabel="x", ylabel="y", xlim=(-2, 2), ylim=(-1, 3))
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="lower right", fontsize="small")
 for j, (name, path) in enumerate(paths.items()):
     f_t = (1 - path[:, 0]) ** 2 + 100 * (path[:, 1] - path[:, 0] ** 2) ** 2
     axes[2].semilogy(f_t, color=f"C{j % 3}", ls="-" if j < 3 else "--", label=name)
 axes[2].set(xlabel="step t", ylabel="f(x_t, y_t)", ylim=(1e-13, 1e3), title="Rosenbrock f along each path")
-axes[2].legend(loc="lower left", fontsize=7)
+axes[2].legend(loc="lower left", fontsize="x-small")
 axes[0].set_title("SGD and momentum, 2000 steps")
 axes[1].set_title("Adam, Adam + L2, AdamW, 2000 steps")
 save_figure(fig, "09_optimisers_trajectories")

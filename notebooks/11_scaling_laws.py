@@ -160,7 +160,7 @@ ax.loglog(xs_dense, fit_e.predict(xs_dense), label=f"$E + ax^{{-\\alpha}}$, "
 ax.set_xlabel("x (e.g. parameters)")
 ax.set_ylabel("y (e.g. loss, nats/token)")
 ax.set_title("A power law with an offset, fitted with and without it")
-ax.legend(fontsize=8)
+ax.legend(fontsize="small")
 save_figure(fig, "11_scaling_laws_offset")
 plt.show()
 
@@ -338,11 +338,11 @@ ns = np.logspace(np.log10(N_sweep[0]) - 0.2, np.log10(N_sweep[-1]) + 0.2, 100)
 ax.loglog(ns, sweep_fit.predict(ns), label=f"fit: {sweep_fit.a:.2f} $N^{{-{sweep_fit.alpha:.3f}}}$")
 for d_, L_, n_ne, _, val in results:
     ax.annotate(f"d={d_}, L={L_}", (n_ne, val - H_rate), textcoords="offset points",
-                xytext=(5, 4), fontsize=8)
+                xytext=(5, 4), fontsize="small")
 ax.set_xlabel("non-embedding parameters N")
 ax.set_ylabel("validation loss − entropy rate (nats/token)")
 ax.set_title("Reducible loss of five tiny models on the Markov source")
-ax.legend(fontsize=8)
+ax.legend(fontsize="small")
 save_figure(fig, "11_scaling_laws_sweep")
 plt.show()
 
@@ -501,7 +501,7 @@ for ax, name in zip(axes, CHINCHILLA_CONSTANTS, strict=True):
     ax.set_xlabel("parameters N")
     ax.set_title(f"Iso-FLOP curves, {name}")
 axes[0].set_ylabel("predicted loss L(N, C / 6N) (nats/token)")
-axes[1].legend(fontsize=8)
+axes[1].legend(fontsize="small")
 save_figure(fig, "11_scaling_laws_isoflop")
 plt.show()
 
@@ -558,7 +558,7 @@ axes[1].set_ylabel("tokens per parameter $D_{opt}/N_{opt}$")
 for ax, title in zip(axes, ("Compute-optimal model size", "Tokens per parameter"), strict=True):
     ax.set_xlabel("training compute C (FLOPs)")
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize="small")
 save_figure(fig, "11_scaling_laws_optimal")
 plt.show()
 
@@ -654,7 +654,7 @@ ax.set_xlabel("non-embedding parameters N")
 ax.set_ylabel("validation loss (nats/token)")
 ax.set_title("Iso-FLOP profiles of tiny models on the synthetic source")
 ax.xaxis.set_minor_formatter(plt.NullFormatter())
-ax.legend(fontsize=8)
+ax.legend(fontsize="small")
 save_figure(fig, "11_scaling_laws_isoflop_runs")
 plt.show()
 

@@ -692,7 +692,7 @@ ax.plot(gammas, [expected_tokens_per_step(alpha_real, k) for k in gammas], "-", 
 ax.plot(gammas, measured_real, "s", c="C1", label="measured, synthetic target + bigram draft")
 ax.set(xlabel="draft length gamma (tokens)", ylabel="tokens per target pass",
        title="Speculative decoding: (1 - alpha^(gamma+1)) / (1 - alpha) vs measured")
-ax.legend(fontsize=8)
+ax.legend(fontsize="small")
 save_figure(fig, "12_decoding_speculative")
 plt.show()
 
@@ -1060,7 +1060,7 @@ ax1.plot(range(1, N_REAL + 1), p_greedy.numpy(), c="C0", lw=1)
 ax1.axvline(loop + 1, c="gray", ls=":", label="first repeated 4-gram")
 ax1.set(xlabel="generated token", ylabel="probability of the chosen token",
         title="Greedy: once it loops, the model is sure", ylim=(0, 1.02))
-ax1.legend(fontsize=8, loc="lower right")
+ax1.legend(fontsize="small", loc="lower right")
 steps_x = range(4, N_REAL + 1)
 for i, (name, toks) in enumerate(texts.items()):
     sampled = name.startswith("T = 0.8")
@@ -1069,7 +1069,7 @@ for i, (name, toks) in enumerate(texts.items()):
              label="T = 0.8 (4 samples)" if name.endswith("sample 0") else (None if sampled else name))
 ax2.set(xlabel="generated tokens", ylabel="fraction of 4-grams repeated",
         title="Repetition along the text (seq-rep-4)", ylim=(-0.02, 0.5))
-ax2.legend(fontsize=8)
+ax2.legend(fontsize="small")
 save_figure(fig, "12_decoding_real_repetition")
 plt.show()
 

@@ -323,7 +323,7 @@ ax.set_yscale("log")
 ax.set_xlabel("context length T (tokens)")
 ax.set_ylabel("KV cache, batch 1, fp16 (GiB)")
 ax.set_title("KV-cache memory of one sequence")
-ax.legend(fontsize=8)
+ax.legend(fontsize="small")
 save_figure(fig, "13_kv_cache_memory")
 plt.show()
 
@@ -803,7 +803,7 @@ ax.set(xscale="log", yscale="log", xlabel="rows n (batch of decoding sequences)"
        ylabel="time per row (us)",
        title="y = x W, W 4096 x 4096 float32, this CPU (1 thread)")
 ax.set_xscale("log", base=2)
-ax.legend(fontsize=8)
+ax.legend(fontsize="small")
 save_figure(fig, "13_kv_cache_roofline")
 plt.show()
 
@@ -901,7 +901,7 @@ for ax, row in zip(axes[0], bench["rows"], strict=True):
                    label=f"roofline, {config.split('_')[0]} bytes")
     ax.set(xlabel="tokens per second (batch 1)", title=f"{row['threads']} thread(s)")
     ax.invert_yaxis()
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize="x-small", loc="lower right")
 fig.suptitle("SmolLM2-135M decoding on the benchmark's CPU, against bandwidth / bytes per token",
              fontsize=10)
 fig.tight_layout()

@@ -1122,7 +1122,7 @@ for v in sweep["variants"]:
     marker = "s" if book_format else "o"
     face = "none" if v["storable_by_ggml"] is False else ("C1" if book_format else "C0")
     ax.plot(v["bits_per_weight_model"], v["perplexity"], marker, mfc=face, mec="C1" if book_format else "C0")
-    ax.annotate(v["name"], (v["bits_per_weight_model"], v["perplexity"]), fontsize=7,
+    ax.annotate(v["name"], (v["bits_per_weight_model"], v["perplexity"]), fontsize="x-small",
                 xytext=(4, 2), textcoords="offset points")
 ax.axhline(ref["perplexity"], color="grey", ls="--", lw=0.8, label="the file (Q4_1), the reference")
 ax.set(xlabel="bits per weight, whole model (embedding Q8_0 except 'pure')",
@@ -1218,11 +1218,11 @@ for kind, summary in outlier_summary.items():
     ax1.semilogy(range(30), summary["ratio"], "o-", ms=3, label=kind)
 ax1.set(xlabel="layer", ylabel="largest channel / median channel (max |x|)",
         title="Outlier channels of SmolLM2's linear-layer inputs")
-ax1.legend(fontsize=8)
+ax1.legend(fontsize="small")
 peak = outlier_summary[worst_kind]["peak"][worst_layer]
 ax2.plot(peak, lw=0.7)
 for ch in peak.argsort(descending=True)[:3].tolist():
-    ax2.annotate(str(ch), (ch, float(peak[ch])), fontsize=8, xytext=(3, 0), textcoords="offset points")
+    ax2.annotate(str(ch), (ch, float(peak[ch])), fontsize="small", xytext=(3, 0), textcoords="offset points")
 ax2.set(xlabel="input channel", ylabel="max |x| over 256 tokens", yscale="log",
         title=f"{worst_kind}, layer {worst_layer}")
 save_figure(fig, "15_quantisation_real_outliers")
