@@ -392,7 +392,7 @@ checks.close("cosine_similarity vs F.cosine_similarity", F.cosine_similarity(a_,
 checks
 
 # %%
-fig, axes = plt.subplots(1, len(dims), figsize=(13, 3.2))
+fig, axes = plt.subplots(1, len(dims), figsize=(11, 3.4))
 for ax, d_ in zip(axes, dims, strict=True):
     width = min(1.0, 5 / math.sqrt(d_))  # show +-5 standard deviations
     ax.hist(cosines[d_].numpy(), bins=60, range=(-width, width), density=True, color="tab:blue",

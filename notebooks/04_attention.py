@@ -420,7 +420,7 @@ with torch.no_grad():
     A_causal = attention_weights(q_d, k_d, is_causal=True)[0]
 
 # %%
-fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
+fig, axes = plt.subplots(1, 3, figsize=(11, 4.0))
 panels = [(A_full[0], "head 0, no mask"), (A_causal[0], "head 0, causal"),
           (A_causal[1], "head 1, causal")]
 for ax, (A_, title) in zip(axes, panels, strict=True):

@@ -517,7 +517,7 @@ with torch.device("meta"):
 checks
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
+fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
 names = list(shapes)
 colors = {"embeddings": "tab:blue", "lm_head": "tab:blue", "attention": "tab:orange",
           "attention_projections": "tab:orange", "attention_scores": "tab:red",

@@ -451,7 +451,7 @@ for name, path in paths.items():
 # %%
 xs, ys = np.meshgrid(np.linspace(-2, 2, 300), np.linspace(-1, 3, 300))
 fs = (1 - xs) ** 2 + 100 * (ys - xs**2) ** 2
-fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+fig, axes = plt.subplots(1, 3, figsize=(11, 4.2))
 for ax, names in zip(axes[:2], [list(runs)[:3], list(runs)[3:]], strict=True):
     ax.contour(xs, ys, np.log10(fs + 1e-3), levels=20, cmap="Greys", linewidths=0.6)
     for name, col in zip(names, ["C0", "C1", "C2"], strict=True):

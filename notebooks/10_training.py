@@ -380,7 +380,7 @@ for n, style in ((2, "--"), (3, "-.")):
     ax.axhline(ngram_loss[n], color="tab:orange", ls=style, lw=1, label=f"{n}-gram ({ngram_loss[n]:.3f})")
 ax.set(xlabel="optimiser step", ylabel="cross-entropy (nats/token)", ylim=(1.5, 2.9),
        title="The book's model on the synthetic source: loss against the entropy floor")
-ax.legend(fontsize=8, loc="upper right")
+ax.legend(fontsize="small", loc="upper right")
 save_figure(fig, "10_training_synthetic_loss")
 plt.show()
 
@@ -448,7 +448,7 @@ ax.plot(th["val_steps"], th["val_loss"], "o-", color="tab:green", ms=3, label="v
 ax.axhline(np.log(1024), color="gray", ls="--", lw=1, label="uniform guess, log 1024")
 ax.set(xlabel="optimiser step", ylabel="cross-entropy (nats/token)",
        title="A 2M-parameter model on the standard library's docstrings")
-ax.legend(fontsize=8)
+ax.legend(fontsize="small")
 save_figure(fig, "10_training_text_loss")
 plt.show()
 

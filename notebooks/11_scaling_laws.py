@@ -487,7 +487,7 @@ checks
 
 # %%
 budgets = [1e18, 1e19, 1e20, 1e21, 1e22, 1e23, 1e24]
-fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
 for ax, name in zip(axes, CHINCHILLA_CONSTANTS, strict=True):
     for i, C_ in enumerate(budgets):
         ns = np.logspace(6.5, 12.5, 300)
@@ -544,7 +544,7 @@ for C_ in table_budgets:
 
 # %%
 Cs = np.logspace(18, 26, 100)
-fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
 for name, style in zip(CHINCHILLA_CONSTANTS, ("-", "--"), strict=True):
     N_opt, D_opt = compute_optimal(Cs, name)
     axes[0].loglog(Cs, N_opt, style, label=f"{name}: $N_{{opt}} \\propto C^{{"

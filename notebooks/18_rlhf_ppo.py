@@ -548,16 +548,15 @@ checks.true("at a KL below 15 nats per response", score.kl < 15)
 checks
 
 # %%
-fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)  # stacked: readable in a narrow column
 for name, (_, run) in runs.items():
     h = run["history"]
     label = f"{name} (β = {run['recipe']['beta']:g})"
     axes[0].plot(h["reward_mean"], label=label)
     axes[1].plot(h["kl_mean"], label=label)
     axes[2].plot(h["entropy"], label=label)
-axes[0].set(xlabel="PPO iteration", ylabel="mean keyword count (of 24 tokens)", title="Reward of the rollouts")
-axes[1].set(xlabel="PPO iteration", ylabel="KL(π ‖ π_ref) per response (nats)", title="KL to the reference",
-            yscale="symlog")
+axes[0].set(ylabel="keywords per response", title="Reward of the rollouts (keywords in 24 tokens)")
+axes[1].set(ylabel="nats per response", title="KL(π ‖ π_ref) to the reference", yscale="symlog")
 axes[2].set(xlabel="PPO iteration", ylabel="nats per token", title="Policy entropy")
 axes[0].legend(loc="upper left")
 fig.tight_layout()

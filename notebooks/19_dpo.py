@@ -412,7 +412,7 @@ def smooth(values, k=8):
     return torch.nn.functional.avg_pool1d(v[None, None], k, 1)[0, 0], steps[k - 1:]
 
 
-fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+fig, axes = plt.subplots(1, 3, figsize=(11, 3.8))
 for key, ax in (("loss", axes[0]), ("accuracy", axes[1])):
     ax.plot(steps, h[key], color="lightgrey", lw=0.8, label="per batch")
     y, x = smooth(h[key])
@@ -428,7 +428,7 @@ for key, label in (("chosen_reward", r"chosen $\hat r_w$"), ("rejected_reward", 
 axes[2].axhline(0, color="k", ls=":", lw=0.8)
 axes[2].set(xlabel="step", ylabel=r"$\beta\log\pi/\pi_{ref}$ (batch mean)", title="Implicit rewards")
 for ax in axes:
-    ax.legend(fontsize=8)
+    ax.legend(fontsize="small")
 fig.tight_layout()
 save_figure(fig, "19_dpo_training")
 plt.show()
@@ -562,7 +562,7 @@ for row in rows:
           f"{fmt(row['backward_tokens'], '11,d')} {fmt(row['generated_tokens'], '9,d')}")
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
 for ax in axes:
     ax.plot(path["kl"], path["reward"], "o-", color="C0", ms=4, label=f"DPO, every {recipe['eval_every']} steps")
     ax.plot([0], [info["base"]["reward"]], "ks", ms=8, label="base model")
@@ -575,7 +575,7 @@ for ax in axes:
                 color="C0", ms=8, label="DPO, final")
     ax.set(xlabel=r"KL($\pi\,\|\,\pi_{ref}$) per response (nats)", ylabel="mean true reward (keywords per response)")
 axes[0].set_title("Reward against KL")
-axes[0].legend(fontsize=8)
+axes[0].legend(fontsize="small")
 axes[1].set(xlim=(-0.05, 1.5), ylim=(0.2, 1.2), title="The same, KL < 1.5 nats")
 fig.tight_layout()
 save_figure(fig, "19_dpo_reward_kl")

@@ -361,7 +361,7 @@ for (agg, h), color in zip(toy.items(), ("C0", "C1", "C2"), strict=True):
     ax2.plot(h["wrong"], color=color, label=f"{agg}: wrong")
     ax2.plot(h["right"], "--", color=color, label=f"{agg}: right")
 ax2.set(xlabel="GRPO step", ylabel="expected length (tokens)", title="Toy: lengths under each aggregation")
-ax2.legend(fontsize=7, ncol=2)
+ax2.legend(fontsize="x-small", ncol=2)
 fig.tight_layout()
 save_figure(fig, "20_grpo_length_bias")
 plt.show()
@@ -456,17 +456,17 @@ print(f"mean answer length per batch: {min(curve['length']):.1f} to {max(curve['
       f"{sum(curve['length']) / len(curve['length']):.1f} over the run")
 
 # %%
-fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+fig, axes = plt.subplots(1, 3, figsize=(11, 3.6))
 axes[0].plot(curve["eval_steps"], curve["test_accuracy"], "o-", label="held-out, greedy")
 axes[0].plot(curve["reward"], alpha=0.6, label="training batch: mean reward (sampled)")
 axes[0].set(xlabel="GRPO step", ylabel="accuracy", title="Accuracy during GRPO")
-axes[0].legend(fontsize=8)
+axes[0].legend(fontsize="small")
 axes[1].plot(curve["kl"])
 axes[1].set(xlabel="GRPO step", ylabel="k3 KL (nats / token)", title="KL to the SFT model")
 axes[2].plot(curve["clip_fraction"], label="clip fraction")
 axes[2].plot([x / 10 for x in curve["length"]], label="mean answer length / 10")
 axes[2].set(xlabel="GRPO step", title="Clipped tokens and length")
-axes[2].legend(fontsize=8)
+axes[2].legend(fontsize="small")
 fig.tight_layout()
 save_figure(fig, "20_grpo_training")
 plt.show()
@@ -672,7 +672,7 @@ for name, color in (("SFT", "C0"), ("GRPO", "C3")):
 ax.set_xscale("log", base=2)
 ax.set(xlabel="number of samples N", ylabel="accuracy (200 held-out problems)",
        title="Test-time compute before and after GRPO")
-ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
+ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.02, 0.5))
 save_figure(fig, "20_grpo_test_time")
 plt.show()
 

@@ -345,7 +345,7 @@ ax.semilogy([c for c, d in zip(cfs, trained_drop, strict=True) if d > 0], [d for
             label="trained router on held-out text (0 from CF 1.5)")
 ax.set(xlabel="capacity factor CF", ylabel="fraction of assignments dropped",
        title="Dropped tokens, n = 2048 tokens, N = 8 experts, top-2", ylim=(1e-6, 1))
-ax.legend(fontsize=8)
+ax.legend(fontsize="small")
 fig.tight_layout()
 save_figure(fig, "21_mixture_of_experts_dropping")
 plt.show()
@@ -567,7 +567,7 @@ for key, label in names.items():
     ax2.plot(h["eval_steps"], h["lb"] if h["lb"] else [float("nan")] * len(h["eval_steps"]), marker=".", label=label)
 ax1.set(xlabel="training compute (FLOPs, 6 × active parameters × tokens)", ylabel="validation loss (nats/token)",
         title="Validation loss against compute", ylim=(4.0, 5.6))
-ax1.legend(fontsize=8)
+ax1.legend(fontsize="small")
 ax2.axhline(2, color="grey", lw=0.8)
 ax2.set(xlabel="step", ylabel="Switch loss, α = 1, summed over 2 layers",
         title="Balance during training (2 = perfectly uniform)")
@@ -605,7 +605,7 @@ checks
 
 # %%
 show = ["moe_aux", "moe_free", "moe_none"]
-fig, axes = plt.subplots(2, 3, figsize=(12, 5), sharex=True, sharey=True)
+fig, axes = plt.subplots(2, 3, figsize=(11, 5.2), sharex=True, sharey=True)
 steps = V["moe_aux"]["eval_steps"]
 for col, key in enumerate(show):
     for layer_i in range(2):

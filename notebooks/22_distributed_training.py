@@ -219,7 +219,7 @@ for ax, world in zip(axes, (2, 4), strict=True):
         fit = alpha_beta_time(nb, world, series["alpha_s"], series["beta_s_per_byte"])
         ax.loglog(nb, fit * 1e3, "-", color=color, alpha=0.6, label=f"{series['implementation']} (α–β fit)")
     ax.set(title=f"all-reduce on {world} CPU processes (gloo)", xlabel="message size (bytes)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize="small")
 axes[0].set_ylabel("time per all-reduce (ms)")
 save_figure(fig, "22_allreduce_time")
 plt.show()
@@ -437,7 +437,7 @@ ax.plot(range(4), peaks, "k_", markersize=30, mew=2, label="peak during the step
 ax.set(xticks=range(4), xticklabels=["0 (DP)", "1 (P_os)", "2 (P_os+g)", "3 (P_os+g+p)"],
        xlabel="ZeRO stage", ylabel="bytes per rank",
        title="Bytes held per rank, 616-parameter MLP, float64, N = 4")
-ax.legend(fontsize=8)
+ax.legend(fontsize="small")
 save_figure(fig, "22_zero_memory")
 plt.show()
 
@@ -551,7 +551,7 @@ ax.plot(range(len(grads)), [s for s, _ in theirs], "x", color="C1", label="torch
 skipped = [t for t, (_, k) in enumerate(ours) if not k]
 ax.plot(skipped, [ours[t][0] for t in skipped], "o", mfc="none", color="C3", markersize=12, label="overflow: step skipped")
 ax.set(yscale="log", xlabel="step", ylabel="loss scale S", title="Dynamic loss scaling (growth interval 3)")
-ax.legend(fontsize=8)
+ax.legend(fontsize="small")
 save_figure(fig, "22_loss_scale")
 plt.show()
 
@@ -838,7 +838,7 @@ def plot_timeline(wall: dict) -> plt.Figure:
             for kind, j, *_, w0, w1 in r.events:
                 ax.barh(r.stage, (w1 - w0) * 1e3, left=(w0 - t0) * 1e3, height=0.8,
                         color="tab:blue" if kind == "F" else "tab:orange", edgecolor="white")
-                ax.text((w0 + w1 - 2 * t0) / 2 * 1e3, r.stage, f"{j}", ha="center", va="center", fontsize=7)
+                ax.text((w0 + w1 - 2 * t0) / 2 * 1e3, r.stage, f"{j}", ha="center", va="center", fontsize="x-small")
         ax.set_yticks(range(len(reps)), [f"stage {s}" for s in range(len(reps))])
         ax.invert_yaxis()
         ax.set_title(f"{name}: p = 3 stages, m = 6 micro-batches (blue forward, orange backward)")

@@ -548,8 +548,8 @@ ax1.set(xlabel="sequence length T (tokens)", ylabel="time (ms, best of runs)",
         title="Time, one sequence, d = 64, float32, 1 CPU thread")
 ax2.set(xlabel="sequence length T (tokens)", ylabel="largest intermediate (MiB, float32)",
         title="Memory, counted analytically")
-ax1.legend(fontsize=7)
-ax2.legend(fontsize=7)
+ax1.legend(fontsize="x-small")
+ax2.legend(fontsize="x-small")
 fig.tight_layout()
 save_figure(fig, "23_beyond_attention_scaling")
 plt.show()

@@ -197,7 +197,7 @@ print(f"trained parameters: {info2['parameters']} (two layers), {info1['paramete
 # heads rise together, at the grey band, where the loss drops.
 
 # %%
-fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+fig, axes = plt.subplots(1, 3, figsize=(11, 4))
 ax = axes[0]
 ax.plot(steps, first2, label="2 layers, first occurrence", color="C0", ls="--")
 ax.plot(steps, repeat2, label="2 layers, repeat", color="C0")
@@ -206,7 +206,7 @@ ax.plot(steps, repeat1, label="1 layer, repeat", color="C1")
 ax.plot(steps[1:], hist2["train_loss"][1:], label="2 layers, training batches (all tokens)", color="C2", lw=0.8)
 ax.axhline(math.log(64), color="grey", lw=0.8)
 ax.set(xlabel="training step", ylabel="loss (nats/token)", title="Loss on each half of [segment | segment]")
-ax.legend(fontsize=8)
+ax.legend(fontsize="small")
 axes[1].plot(steps, icl2, label="2 layers")
 axes[1].plot(steps, icl1, label="1 layer")
 axes[1].set(xlabel="training step", ylabel="loss(L + L/2) − loss(L/2)  (nats)",
@@ -216,7 +216,7 @@ for h in range(prev_score.shape[2]):
     axes[2].plot(steps, prev_score[:, 0, h], ls="--", label=f"layer 0 head {h}: previous token")
     axes[2].plot(steps, prefix_score[:, 1, h], label=f"layer 1 head {h}: prefix matching")
 axes[2].set(xlabel="training step", ylabel="mean attention weight", title="Head scores during training")
-axes[2].legend(fontsize=8)
+axes[2].legend(fontsize="small")
 drop = int(steps[1:][(repeat2[1:] - repeat2[:-1]).argmin()])  # steepest drop of the repeat loss
 for ax in axes:
     ax.axvspan(drop - 50, drop + 50, color="grey", alpha=0.2)
@@ -275,7 +275,7 @@ eval_ids = repeated_tokens(200, L, 64, torch.Generator().manual_seed(1000 + 0))
 with torch.no_grad():
     logits2, cache2 = model2.run_with_cache(eval_ids)
     logits1, cache1 = model1.run_with_cache(eval_ids)
-fig, axes = plt.subplots(1, 4, figsize=(16, 4))
+fig, axes = plt.subplots(1, 4, figsize=(11, 3.4))
 for ax, (layer, h) in zip(axes, [(0, 0), (0, 1), (1, 0), (1, 1)], strict=True):
     ax.imshow(cache2["pattern"][layer][0, h], cmap="viridis", vmin=0, vmax=1)
     ax.set(title=f"layer {layer}, head {h}", xlabel="key position s", ylabel="query position t")
