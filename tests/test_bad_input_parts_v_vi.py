@@ -215,7 +215,20 @@ MORE_ALIGNMENT_CASES = [
         torch.tensor([0.0, NAN]), torch.zeros(2), 1.0), ValueError, "true_a must not hold NaN"),
     ("kl_shaped_rewards NaN scores", lambda: ppo.kl_shaped_rewards(
         torch.tensor([NAN, 1.0]), _lp(2, 3), _lp(2, 3), 0.1), ValueError, "scores must not hold NaN"),
+    ("kl_shaped_rewards NaN log-prob at a response token", lambda: ppo.kl_shaped_rewards(
+        torch.ones(2), torch.tensor([[-1.0, -2.0, -0.5], [-1.0, NAN, -0.5]]), _lp(2, 3), 0.1),
+     ValueError, r"logprobs must not hold NaN or inf; logprobs\[1, 1\] = nan"),
+    ("kl_shaped_rewards -inf reference log-prob", lambda: ppo.kl_shaped_rewards(
+        torch.ones(2), _lp(2, 3), torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -2.0, -float("inf")]]), 0.1),
+     ValueError, r"ref_logprobs must not hold NaN or inf; ref_logprobs\[1, 2\] = -inf"),
 ]
+
+
+def test_kl_shaped_rewards_still_ignores_nan_in_padding():
+    lp = torch.tensor([[-1.0, -2.0, NAN], [-1.0, -0.5, -0.5]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    rewards = ppo.kl_shaped_rewards(torch.ones(2), lp, torch.zeros(2, 3), 0.1, mask=mask)
+    assert torch.isfinite(rewards).all() and rewards[0, 2] == 0
 
 
 @pytest.mark.parametrize(("thunk", "error", "match"), [c[1:] for c in MORE_ALIGNMENT_CASES],

@@ -136,6 +136,8 @@ def kl_shaped_rewards(scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor, be
     if tuple(scores.shape) != (B,):
         raise ValueError(f"scores must have shape (B,) = ({B},), one per response, got {tuple(scores.shape)}")
     m = torch.ones_like(logprobs) if mask is None else _check_mask(mask, logprobs, "mask", "logprobs")
+    for x, name in ((logprobs, "logprobs"), (ref_logprobs, "ref_logprobs")):  # padding may hold NaN
+        check_finite(torch.where(m > 0, x, torch.zeros_like(x)), name)
     counts = m.sum(dim=1)
     if bool((counts == 0).any()):
         raise ValueError("mask has a row with no response tokens: there is no last token to score")
