@@ -298,7 +298,8 @@ class Checks:
         header = ("check", "expected", "got", "pass", "error")
         body = [(w, e, g, "yes" if ok else "NO", err) for w, e, g, err, ok in self.rows]
         widths = [max(len(r[i]) for r in [header, *body]) for i in range(5)]
-        widths = [min(w, 48) for w in widths]
+        # a check's name prints in full (the web book wraps it); long values are cut with "…"
+        widths = [widths[0], *(min(w, 48) for w in widths[1:])]
         widths[4] = 6  # errors print in at most 6 characters: the rule below stays put
 
         def line(r: tuple[str, ...]) -> str:

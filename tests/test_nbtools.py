@@ -268,3 +268,13 @@ def test_a_solution_file_run_as_a_script_reports_its_tests(tmp_path):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ValueError, match="expected notebooks/solutions/NN_slug.py"):
         nbtools.run_solution_tests("notes.py")
+
+
+def test_a_long_check_name_prints_in_full_and_long_values_are_cut():
+    checks = nbtools.Checks("long")
+    name = "the probability that a sampled token lies in the nucleus of the distribution"
+    checks.true(name, True, got="x" * 60)
+    lines = checks.table().splitlines()
+    assert lines[3].startswith(name + "  ")
+    assert len(lines[1]) >= len(name) and lines[2].startswith("-" * len(name) + "  ")
+    assert ("x" * 47 + "…") in lines[3] and ("x" * 48) not in lines[3]
