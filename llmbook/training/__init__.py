@@ -19,6 +19,9 @@ Chapter → module → what it defines:
   ``saved_activation_bytes``).
 * 11 Scaling laws → :mod:`~llmbook.training.scaling`: ``fit_power_law``,
   ``chinchilla_loss``, ``compute_optimal``, ``fit_isoflop_parabola``, ``isoflop_sweep``.
+* Data (a chapter to come, issue 23) → :mod:`~llmbook.training.dedup`: ``shingles``,
+  ``minhash_signatures``, ``estimate_jaccard``, ``lsh_candidates``,
+  ``band_collision_probability``.
 
 Imports Parts I–II and the shared helpers, never a later part.
 """
