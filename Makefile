@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.py))
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]*_*.py))
 export PYTHONHASHSEED := 0
 # tqdm.auto (imported by transformers) warns inside Jupyter when ipywidgets is absent;
 # the text fallback is what the book wants, and the warning would print a local path.
@@ -63,7 +63,7 @@ unit: setup
 	$(PY) -m pytest tests -q -n 2
 
 NBVAL := $(PY) -m pytest -q -n 2 --dist loadfile --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg \
-	--nbval-current-env notebooks/[0-9][0-9]_*.ipynb
+	--nbval-current-env notebooks/[0-9][0-9]*_*.ipynb
 
 ## nbval: every notebook re-executed and compared with its committed outputs, twice: with this
 ## CPU's own kernels, then with PyTorch's plain kernels and MKL's portable matmul, which change

@@ -120,16 +120,20 @@ def run_solution_tests(solution_file: str | Path) -> int:
     its answers pass ``tests/test_solutions_NN.py``, one line per test, instead of printing
     nothing. The tests live in a source checkout; elsewhere it says so and returns 1.
     """
+    import re
     import subprocess
     import sys
 
     name = Path(solution_file).name
-    if not (len(name) > 3 and name[:2].isdigit() and name.endswith(".py")):
-        raise ValueError(f"run_solution_tests: expected notebooks/solutions/NN_slug.py, got {name!r}")
+    m = re.fullmatch(r"(\d\d[a-z]?)_\w+\.py", name)
+    if m is None:
+        raise ValueError(f"run_solution_tests: expected notebooks/solutions/NN_slug.py "
+                         f"(NN may carry a letter, as in 10b_slug.py), got {name!r}")
+    label = m.group(1)  # "04", or "10b" for a chapter added after chapter 10
     root = source_checkout()
-    tests = root / "tests" / f"test_solutions_{name[:2]}.py" if root else None
+    tests = root / "tests" / f"test_solutions_{label}.py" if root else None
     if tests is None or not tests.is_file():
-        print(f"the tests of {name} live in the book's repository (tests/test_solutions_{name[:2]}.py)")
+        print(f"the tests of {name} live in the book's repository (tests/test_solutions_{label}.py)")
         return 1
     print(f"checking the reference solutions in {name} with {tests.relative_to(root)}")
     return subprocess.call([sys.executable, "-m", "pytest", "-v", "-rN", "--no-header",

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 from lab import NOTEBOOKS, BookContentsManager, paired_sources  # noqa: E402
 
-CHAPTERS = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+CHAPTERS = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb"))
 
 
 def run(coro):

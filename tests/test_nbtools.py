@@ -270,6 +270,19 @@ def test_a_solution_file_run_as_a_script_reports_its_tests(tmp_path):
         nbtools.run_solution_tests("notes.py")
 
 
+def test_a_suffixed_chapter_runs_its_own_solution_tests(monkeypatch, capsys):
+    import subprocess
+
+    calls = []
+    monkeypatch.setattr(subprocess, "call", lambda args, cwd: calls.append(args) or 0)
+    assert nbtools.run_solution_tests("notebooks/solutions/10c_data.py") == 0
+    assert calls[0][-1].endswith("tests/test_solutions_10c.py")  # not chapter 10's tests
+    assert "with tests/test_solutions_10c.py" in capsys.readouterr().out
+    for bad in ("10cc_data.py", "1_data.py", "10c_data.txt"):
+        with pytest.raises(ValueError, match="expected notebooks/solutions/NN_slug.py"):
+            nbtools.run_solution_tests(bad)
+
+
 def test_a_long_check_name_prints_in_full_and_long_values_are_cut():
     checks = nbtools.Checks("long")
     name = "the probability that a sampled token lies in the nucleus of the distribution"

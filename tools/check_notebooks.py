@@ -25,8 +25,8 @@ CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 def problems(nb_dir: Path = NOTEBOOKS) -> list[str]:
     """Every problem with the notebook pairs in ``nb_dir``, as readable sentences."""
     found = []
-    pys = {p.stem for p in nb_dir.glob("[0-9][0-9]_*.py")}
-    ipynbs = {p.stem for p in nb_dir.glob("[0-9][0-9]_*.ipynb")}
+    pys = {p.stem for p in nb_dir.glob("[0-9][0-9]*_*.py")}
+    ipynbs = {p.stem for p in nb_dir.glob("[0-9][0-9]*_*.ipynb")}
     if not pys:
         found.append("no notebooks found under notebooks/")
     for stem in sorted(pys ^ ipynbs):
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     found = problems()
     for p in found:
         print("notebook check:", p)
-    n = len(list(NOTEBOOKS.glob("[0-9][0-9]_*.py")))
+    n = len(list(NOTEBOOKS.glob("[0-9][0-9]*_*.py")))
     print(f"checked {n} notebook pairs: {'OK' if not found else f'{len(found)} problem(s)'}")
     return 1 if found else 0
 

@@ -31,7 +31,7 @@ JUPYTEXT = {"formats": "ipynb,py:percent", "notebook_metadata_filter": "-all",
 def chapter_sources(names: list[str] | None = None) -> list[Path]:
     """The chapter sources ``notebooks/NN_*.py``, all of them or the ones named."""
     if not names:
-        return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
+        return sorted(NOTEBOOKS.glob("[0-9][0-9]*_*.py"))
     paths = []
     for name in names:
         p = Path(name)

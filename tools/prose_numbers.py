@@ -513,7 +513,7 @@ def check(nb_dir: Path = NOTEBOOKS, registry: dict | None = None
     registry = load_registry() if registry is None else registry
     everything, problems = [], []
     names = set()
-    for ipynb in sorted(nb_dir.glob("[0-9][0-9]_*.ipynb")):
+    for ipynb in sorted(nb_dir.glob("[0-9][0-9]*_*.ipynb")):
         chapter = read_chapter(ipynb)
         names.add(chapter.name)
         typed, stale = classify(chapter, registry)

@@ -128,7 +128,7 @@ def readme_seconds() -> dict[str, float]:
     """Each chapter's run time from the README's contents table (``build_book --readme``)."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     return {m.group(1): float(m.group(2))
-            for m in re.finditer(r"\(notebooks/(\d\d_\w+)\.ipynb\) \| (\d+) s \|", text)}
+            for m in re.finditer(r"\(notebooks/(\d\d[a-z]?_\w+)\.ipynb\) \| (\d+) s \|", text)}
 
 
 def readme_intro() -> str:
@@ -359,7 +359,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="Render the committed notebooks as a web site.")
     parser.add_argument("--out", type=Path, default=SITE, help="where the site goes (build/book)")
     args = parser.parse_args(argv)
-    index = render(sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")), args.out)
+    index = render(sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb")), args.out)
     print(f"Open file://{index}")
     return 0
 

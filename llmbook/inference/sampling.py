@@ -956,8 +956,13 @@ def chi_square_sf(x: float, df: int) -> float:
         raise ValueError(f"x must be >= 0, got x={x}")
     y = x / 2
     if df % 2 == 0:
-        terms = [i * math.log(y) - math.lgamma(i + 1) for i in range(df // 2)] if y > 0 else [0.0]
-        return min(1.0, math.exp(-y) * math.fsum(math.exp(t) for t in terms)) if y > 0 else 1.0
+        if y == 0:
+            return 1.0
+        # summed in log space: y^i / i! alone overflows a float for large x and df
+        terms = [i * math.log(y) - math.lgamma(i + 1) for i in range(df // 2)]
+        top = max(terms)
+        log_sum = top + math.log(math.fsum(math.exp(t - top) for t in terms))
+        return min(1.0, math.exp(log_sum - y))
     total = math.erfc(math.sqrt(y))
     if y > 0:
         total += math.fsum(math.exp(-y + (i - 0.5) * math.log(y) - math.lgamma(i + 0.5))
