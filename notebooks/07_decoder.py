@@ -39,7 +39,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.nbtools import Checks, ClaimGrades, save_figure, seed_everything, show_source
 from llmbook.text.corpus import load_stdlib_docs, stdlib_docs_path
 from llmbook.text.functional import cross_entropy
 from llmbook.text.tokenizer import BPETokenizer, read_gpt2_files
@@ -894,6 +894,33 @@ table
 # 4.6052$, are right. Chapter 12 takes the same logits on to temperature, top-k and top-p,
 # where the source's mistakes are larger.
 #
+# **How big is the toy model?** The same source says its toy model has "roughly 200
+# parameters" (claim C7 of `source_claims.md`). Its tensors are all in the example's file, so
+# the count is a sum of `numel()`: the embedding $E$, the three attention projections
+# (there is no output projection $W_O$: the single head's $d_k = 2$ values are not mapped
+# back to $d = 4$), the feed-forward layer's two matrices and biases, and the untied output
+# layer $W_{out}$. The LayerNorm has no stored parameters in the example ($\gamma = 1$,
+# $\beta = 0$); a trainable one adds $2d$. A complete pre-norm block would add $W_O$
+# ($d_k \times d$) and a second LayerNorm:
+
+# %%
+toy_counts = {name: inp[name].numel() for name in ("E", "W_Q", "W_K", "W_V", "W1", "b1", "W2", "b2",
+                                                   "W_out")}
+d_toy, dk_toy = inp["E"].shape[1], inp["W_Q"].shape[1]
+toy_total = sum(toy_counts.values())
+toy_with_ln = toy_total + 2 * d_toy  # a trainable LayerNorm: gamma and beta, d each
+toy_full_block = toy_with_ln + dk_toy * d_toy + 2 * d_toy  # W_O and a second LayerNorm
+print(", ".join(f"{k} {v}" for k, v in toy_counts.items()))
+print(f"as the example stores it: {toy_total}; with a trainable LayerNorm: {toy_with_ln}; "
+      f"a complete block (W_O, two LayerNorms): {toy_full_block}")
+claims = ClaimGrades("Claim C7")
+claims.grade("C7", "the toy model (d = 4) has roughly 200 parameters",
+             f"the example's tensors hold {toy_total} numbers ({toy_with_ln} with a trainable "
+             f"LayerNorm, {toy_full_block} as a complete pre-norm block with W_O): about half of "
+             f"200, {200 / toy_with_ln:.1f} times too many even with the LayerNorm", "wrong")
+claims
+
+# %% [markdown]
 # ## 7.11 A real model, read and run by the book's code
 #
 # Everything so far ran on toy shapes and random weights. The formulas are those of real
@@ -1036,7 +1063,8 @@ checks
 #   $\log V$ (nearly uniform logits; the correction is $\sigma^2/2$), learns in a few
 #   seconds and samples text. Perplexity depends on the tokenizer; bits per byte does not.
 # * In the published worked example, the logits and cross-entropy were truncated or off in
-#   the last digit, and the cross-entropy was not computed from the source's own logits.
+#   the last digit, and the cross-entropy was not computed from the source's own logits;
+#   its toy model holds about half the "roughly 200" parameters its source claims.
 #
 # ## Exercises
 #

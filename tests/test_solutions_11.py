@@ -86,3 +86,22 @@ def test_exercise_4_overtraining(name):
     ratios = {n: solutions.overtraining(7e9, 2e12, n)["compute_ratio"] for n in CHINCHILLA_CONSTANTS}
     assert 1.1 < ratios["hoffmann2022"] < 1.2 and 1.8 < ratios["besiroglu2024"] < 1.9
     assert np.isfinite(out["N_star"])
+
+
+def test_exercise_5_emergence_threshold():
+    from llmbook.training.emergence import exact_match_from_per_token
+
+    c, alpha = 40.0, 0.5
+    for L in (1, 6, 20):
+        out = solutions.emergence_threshold(c, alpha, L)
+        assert exact_match_from_per_token(out["p"], L) == pytest.approx(0.5, rel=1e-12)
+        p_at_n = math.exp(-c * out["N"] ** -alpha)  # the per-token accuracy the law gives at N
+        assert p_at_n == pytest.approx(out["p"], rel=1e-12)
+    n1, n6, n20 = (solutions.emergence_threshold(c, alpha, L)["N"] for L in (1, 6, 20))
+    assert n6 / n1 == pytest.approx(6 ** (1 / alpha), rel=1e-12) and n1 < n6 < n20
+    # the width of the rise from 10% to 90% in log N does not depend on L
+    widths = [math.log(solutions.emergence_threshold(c, alpha, L, 0.9)["N"]
+                       / solutions.emergence_threshold(c, alpha, L, 0.1)["N"]) for L in (1, 6, 20)]
+    assert max(widths) - min(widths) < 1e-12
+    with pytest.raises(ValueError, match="level"):
+        solutions.emergence_threshold(c, alpha, 6, 1.0)

@@ -27,13 +27,14 @@ from browser import LAPTOP, PHONE, Chromium, check_site, find_chromium  # noqa: 
 from site_text import (  # noqa: E402
     LONG_TEX,
     break_formula,
+    chapter_label,
     checks_to_html,
     cite_papers,
     restore_name,
 )
 from website import PARTS, REPOSITORY, count_checks, landing_page, render  # noqa: E402
 
-CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 SCREENSHOT = ROOT / "build" / "site_screenshot.png"
 
 
@@ -195,7 +196,7 @@ def test_bibliography_lists_every_entry_and_each_is_cited(site):
         plain = re.sub(r"[{}]|\\(?=&)", "", title).replace("---", "—").lower()
         assert " ".join(plain.split())[:40] in text, f"{key} is not listed: {title}"
     cited = set()
-    for path in site.glob("[0-9][0-9]_*.html"):
+    for path in site.glob("[0-9][0-9]*_*.html"):
         cited |= set(re.findall(r'href="bibliography\.html#(id\d+)"', path.read_text(encoding="utf-8")))
     uncited = set(listed) - cited
     assert not uncited, f"entries no chapter cites: {[listed[i][:60] for i in sorted(uncited)]}"
@@ -204,7 +205,7 @@ def test_bibliography_lists_every_entry_and_each_is_cited(site):
     for path in CHAPTERS:
         for cell in nbformat.read(path, as_version=4).cells:
             if cell.cell_type == "markdown":
-                cite_papers(cell.source, int(path.stem[:2]), used)
+                cite_papers(cell.source, chapter_label(path.stem), used)
     assert used == set(entries), f"cited but not in references.bib: {used - set(entries)}; " \
                                  f"never cited: {set(entries) - used}"
 
@@ -246,13 +247,23 @@ def test_long_formula_is_set_one_term_per_line():
     assert break_formula("$x = a + b$") == "$x = a + b$"
 
 
+def test_chapter_label():
+    assert chapter_label("07_decoder") == "07" and chapter_label("10d_data_mixtures") == "10d"
+    for bad in ("decoder", "7_decoder", "10dd_x"):
+        with pytest.raises(ValueError, match="not a chapter name"):
+            chapter_label(bad)
+
+
 def test_papers_become_citations():
     used: set[str] = set()
     text = ("Vaswani et al. (2017) and (Kaplan et al., 2020, \"Scaling\"); Llama (Touvron et al., 2023); "
             "$a (2017)$ and `Vaswani et al., 2017` stay; Nobody et al. (2001) has no entry.")
-    out = cite_papers(text, 7, used)
+    out = cite_papers(text, "07", used)
     assert "Vaswani et al. ({cite:year}`vaswani2017`)" in out
     assert "Kaplan et al., {cite:year}`kaplan2020`" in out
     assert "{cite:year}`touvron2023llama`" in out  # chapter 7 means LLaMA, not Llama 2
     assert "`Vaswani et al., 2017`" in out and "Nobody et al. (2001)" in out
     assert used == {"vaswani2017", "kaplan2020", "touvron2023llama"}
+    # a letter after the year tells two papers of one year apart, in any chapter
+    out = cite_papers("LLaMA (Touvron et al., 2023a) and Llama 2 (Touvron et al., 2023b)", "11", used)
+    assert "{cite:year}`touvron2023llama`" in out and "{cite:year}`touvron2023llama2`" in out

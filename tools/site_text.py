@@ -282,28 +282,53 @@ CITATIONS: dict[str, str] = {
     "Yue et al. 2025": "yue2025", "Zhang & Sennrich 2019": "zhang2019",
     "Zhang et al. 2024": "zhang2024", "Zhao et al. 2023": "zhao2023",
     "Ziegler et al. 2019": "ziegler2019", "Zoph et al. 2022": "zoph2022",
+    # the chapters on batch size, data and multi-token prediction (10b-10d, 12b) and
+    # emergence (11)
+    "Anil et al. 2023": "anil2023", "Broder 1997": "broder1997",
+    "Gao et al. 2020": "gao2020pile", "Gloeckle et al. 2024": "gloeckle2024",
+    "Indyk & Motwani 1998": "indyk1998", "Lee et al. 2022": "lee2022",
+    "McCandlish et al. 2018": "mccandlish2018", "Rae et al. 2021": "rae2021",
+    "Schaeffer et al. 2023": "schaeffer2023", "Schaeffer, Miranda & Koyejo 2023": "schaeffer2023",
+    "Stern, Shazeer & Uszkoreit 2018": "stern2018",
+    "Stern et al. 2018": "stern2018",
+    "Touvron et al. 2023a": "touvron2023llama", "Touvron et al. 2023b": "touvron2023llama2",
+    "Wei et al. 2022": "wei2022emergent", "Wenzek et al. 2020": "wenzek2020",
+    "Ye et al. 2024": "ye2024mixing", "Zhang et al. 2022": "zhang2022opt",
 }
 
-#: (chapter number, name as in :data:`CITATIONS`) -> key, for names two papers share:
-#: LLaMA and Llama 2, positional interpolation and speculative sampling, YaRN and RWKV,
-#: DeepSeek-V2 and -V3.
-CHAPTER_CITATIONS: dict[tuple[int, str], str] = {
-    **{(ch, "Touvron et al. 2023"): "touvron2023llama" for ch in (1, 6, 7, 16)},
-    **{(ch, "Touvron et al. 2023"): "touvron2023llama2" for ch in (2, 11, 13, 15, 17)},
-    (5, "Chen et al. 2023"): "chen2023interpolation",
-    (12, "Chen et al. 2023"): "chen2023speculative",
-    (5, "Peng et al. 2023"): "peng2023yarn",
-    (23, "Peng et al. 2023"): "peng2023rwkv",
-    (13, "DeepSeek-AI 2024"): "deepseek2024v2",
-    (21, "DeepSeek-AI 2024"): "deepseek2024v3",
+#: (chapter, name as in :data:`CITATIONS`) -> key, for names two papers share: LLaMA and
+#: Llama 2, positional interpolation and speculative sampling, YaRN and RWKV, DeepSeek-V2
+#: and -V3. A chapter is named as its file begins: "07", or "10d" for a chapter added
+#: after chapter 10 (:func:`chapter_label`).
+CHAPTER_CITATIONS: dict[tuple[str, str], str] = {
+    **{(ch, "Touvron et al. 2023"): "touvron2023llama" for ch in ("01", "06", "07", "10b", "10d", "16")},
+    **{(ch, "Touvron et al. 2023"): "touvron2023llama2"
+       for ch in ("02", "11", "13", "15", "17")},
+    ("05", "Chen et al. 2023"): "chen2023interpolation",
+    ("12", "Chen et al. 2023"): "chen2023speculative",
+    ("12b", "Chen et al. 2023"): "chen2023speculative",
+    ("05", "Peng et al. 2023"): "peng2023yarn",
+    ("23", "Peng et al. 2023"): "peng2023rwkv",
+    ("13", "DeepSeek-AI 2024"): "deepseek2024v2",
+    ("12b", "DeepSeek-AI 2024"): "deepseek2024v3",
+    ("21", "DeepSeek-AI 2024"): "deepseek2024v3",
 }
+
+
+def chapter_label(stem: str) -> str:
+    """How chapter ``stem`` is named: "07" for ``07_decoder``, "10d" for ``10d_data_mixtures``."""
+    label = stem.split("_", 1)[0]
+    if not re.fullmatch(r"\d\d[a-z]?", label):
+        raise ValueError(f"{stem!r} is not a chapter name such as 07_decoder or 10d_data_mixtures")
+    return label
 
 _NAME = r"[A-Z][\w'\-]+"
 _AUTHORS = rf"(?P<authors>{_NAME}(?:,\s+{_NAME})*(?:\s+(?:&|and)\s+{_NAME}|\s+et\s+al\.)?)"
-_CITATION = re.compile(_AUTHORS + r"(?P<sep>,?\s+\(?)(?P<year>(?:19|20)\d\d)(?=[),;:\s])")
+# the year may carry a letter where a chapter cites two papers of one year ("2023a")
+_CITATION = re.compile(_AUTHORS + r"(?P<sep>,?\s+\(?)(?P<year>(?:19|20)\d\d[a-z]?)(?=[),;:\s])")
 
 
-def citation_key(chapter: int, authors: str, year: str) -> str | None:
+def citation_key(chapter: str, authors: str, year: str) -> str | None:
     """The bibliography key of "authors, year" as chapter ``chapter`` writes it, or None.
 
     A list that starts with a word that is not an author ("Chinchilla, Kaplan et al.")
@@ -326,7 +351,7 @@ def _outside_math_and_code(text: str) -> list[tuple[bool, str]]:
     return [*pieces, (True, text[pos:])]
 
 
-def cite_papers(markdown: str, chapter: int, used: set[str] | None = None) -> str:
+def cite_papers(markdown: str, chapter: str, used: set[str] | None = None) -> str:
     """``markdown`` with the year of each paper it names linked to the bibliography.
 
     "Vaswani et al. (2017)" and "(Vaswani et al., 2017, ...)" keep their words; the year
@@ -351,13 +376,13 @@ def cite_papers(markdown: str, chapter: int, used: set[str] | None = None) -> st
 
 #: Displayed formulas the text refers back to: (chapter, a piece of the formula's TeX that
 #: finds it, its label, the words that refer back to it, what they become).
-EQUATION_REFS: list[tuple[int, str, str, str, str]] = [
-    (10, r"\mathcal L_T^{\min} = ", "window-floor", "equals the formula above",
+EQUATION_REFS: list[tuple[str, str, str, str, str]] = [
+    ("10", r"\mathcal L_T^{\min} = ", "window-floor", "equals the formula above",
      "equals the formula above, {eq}`window-floor`,"),
 ]
 
 
-def number_equations(nb: nbformat.NotebookNode, chapter: int) -> int:
+def number_equations(nb: nbformat.NotebookNode, chapter: str) -> int:
     """Label the formulas of :data:`EQUATION_REFS` in ``nb`` and link the references back."""
     n = 0
     for ch, tex, label, words, linked in EQUATION_REFS:
@@ -405,7 +430,7 @@ those that read the book's shipped data or models need the clone).
 def prepare_chapter(nb: nbformat.NotebookNode, stem: str, repository: str,
                     used: set[str]) -> dict[str, Any]:
     """Apply every change above to the copy ``nb`` of chapter ``stem``; return counts."""
-    chapter = int(stem[:2])
+    chapter = chapter_label(stem)
     tables = tabulate_checks(nb)
     formulas = break_long_formulas(nb)
     for cell in nb.cells:

@@ -10,6 +10,11 @@ Chapter → module → what it defines:
   ``beam_search``, ``speculative_generate`` (with KV caches for target and draft),
   ``early_exit_draft``; :mod:`~llmbook.inference.kvcache`: ``KVCache`` (it implements the
   model's ``AttentionCache`` interface) and ``kv_cache_bytes``.
+* 12b Multi-token prediction → :mod:`~llmbook.inference.mtp_decode`: self-speculative
+  decoding with the extra heads of :mod:`llmbook.training.mtp`
+  (``self_speculative_generate``, ``self_speculative_batch``), the exact distribution of
+  continuations (``continuation_distribution``), ``pooled_chi_square``,
+  ``ideal_acceptance_rate``.
 * 13 The KV cache and attention variants → :mod:`~llmbook.inference.attention_variants`:
   ``MultiHeadLatentAttention`` with weight absorption and decoupled RoPE (its MQA form,
   and ``deepseek_v3_attention``, the Hugging Face peer), ``RollingKVCache`` for a sliding

@@ -141,6 +141,21 @@ def overtraining(N: float = 7e9, D: float = 2e12,
             "N_star": compute_optimal(C_star, constants)[0]}
 
 
+# ---------------------------------------------------------------- exercise 5
+
+
+def emergence_threshold(c: float, alpha: float, L: int, level: float = 0.5) -> dict[str, float]:
+    """Exercise 5: where exact match on ``L``-token answers reaches ``level``.
+
+    With per-token loss ``ell = c N^-alpha`` and ``p = exp(-ell)``, exact match is
+    ``p^L = exp(-L c N^-alpha)``. It reaches ``level`` when ``p = level^(1/L)``, that is
+    ``ell = -log(level) / L``, at ``N = (L c / -log(level))^(1/alpha)``. Returns ``p`` and ``N``.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    return {"p": level ** (1 / L), "N": (L * c / -math.log(level)) ** (1 / alpha)}
+
+
 if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
     from llmbook.nbtools import run_solution_tests
 
