@@ -23,6 +23,7 @@ entropy rate H is the exact floor of the loss. Three parts:
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -48,7 +49,8 @@ RECIPES = {  # name: (betas, warmup steps, final learning rate / peak)
 }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     torch.set_num_threads(1)
     began = time.perf_counter()
     exp = EXPERIMENT

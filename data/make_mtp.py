@@ -21,6 +21,7 @@ close but not bit-identical weights (chapter 10 explains why).
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import sys
@@ -100,7 +101,8 @@ def rounded(x: object, digits: int = 5) -> object:
     return x
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     torch.set_num_threads(1)
     source = default_source()
     d = RECIPE["data"]
