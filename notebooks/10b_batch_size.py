@@ -392,8 +392,11 @@ checks
 # 2,000 warmup steps for OPT-175B and a linear decay to 10 % (Zhang et al., 2022);
 # Chinchilla decayed its cosine schedule by 10× (Hoffmann et al., 2022). Warmup "2000
 # steps" is a count that only means something relative to the run's length (GPT-3 stated
-# its warmup in tokens, OPT's smaller models too). What each choice does on the book's
-# model, from short runs of 300 steps shipped with the sweep:
+# its warmup in tokens, OPT's smaller models too). The claim's $\epsilon = 10^{-8}$ is
+# GPT-3's (Brown et al., 2020, appendix B); Llama 2 used $10^{-5}$ (Touvron et al., 2023b),
+# so not even the family above agrees on it. $\epsilon$ only matters where
+# $\sqrt{\hat v}$ is as small as $\epsilon$ itself (section 9.2). What each choice does on
+# the book's model, from short runs of 300 steps shipped with the sweep:
 
 # %%
 print(f"{'variant':46s} {'final val loss':>14s} {'max train loss after step 20':>29s}")
