@@ -71,6 +71,17 @@ def test_a_heading_in_code_and_a_control_character_are_reported(tmp_path):
     assert "09_tiny: cell 1 holds a control character ('\\x08': a non-raw \\b or \\f?)" in found
 
 
+def test_a_control_character_in_an_output_is_reported(executed_pair, tmp_path):
+    for f in executed_pair.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    nb = nbformat.read(tmp_path / "09_tiny.ipynb", 4)
+    nb.cells[1].outputs[0]["data"]["text/plain"] = "'\x0crac{1}{2}'"  # a printed non-raw "\frac"
+    nbformat.write(nb, tmp_path / "09_tiny.ipynb")
+    assert check_notebooks.problems(tmp_path) == [
+        "09_tiny.ipynb: an output of cell 1 holds a control character ('\\x0c': a non-raw \\b or \\f?)"]
+    assert check_notebooks.output_texts({"output_type": "stream", "text": "a\x08"}) == ["a\x08"]
+
+
 def test_a_notebook_without_the_pairing_metadata_is_reported(executed_pair, tmp_path):
     for f in executed_pair.iterdir():
         shutil.copy(f, tmp_path / f.name)

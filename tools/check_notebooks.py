@@ -22,6 +22,15 @@ HEADING_IN_CODE = re.compile(r"^# #{1,6} \S", re.MULTILINE)
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
+def output_texts(out: dict) -> list[str]:
+    """The text an output shows: a stream's, and each text/* form of a result or display."""
+    texts = [out["text"]] if isinstance(out.get("text"), str) else []
+    for mime, value in out.get("data", {}).items():
+        if mime.startswith("text/"):
+            texts.append(value if isinstance(value, str) else "".join(value))
+    return texts
+
+
 def problems(nb_dir: Path = NOTEBOOKS) -> list[str]:
     """Every problem with the notebook pairs in ``nb_dir``, as readable sentences."""
     found = []
@@ -54,6 +63,10 @@ def problems(nb_dir: Path = NOTEBOOKS) -> list[str]:
             for out in c.get("outputs", []) if c.cell_type == "code" else []:
                 if out.get("output_type") == "error":
                     found.append(f"{stem}.ipynb: a cell raised {out.get('ename')}")
+                for text in output_texts(out):
+                    if CONTROL.search(text):
+                        found.append(f"{stem}.ipynb: an output of cell {i} holds a control character "
+                                     f"({CONTROL.search(text).group()!r}: a non-raw \\b or \\f?)")
     return found
 
 
