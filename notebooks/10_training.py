@@ -20,10 +20,12 @@
 #    float32 master weights, loss scaling, the 16 bytes per parameter of AdamW, the
 #    activations a step saves (counted, and measured with autograd's hooks), and
 #    activation checkpointing.
+# 7. **Packing**: documents packed into fixed-length chunks without leaking across their
+#    boundaries, and a batch order that resumes exactly.
 #
 # The code lives in `llmbook.training.train` (the loop), `llmbook.training.checkpoint` (saving and loading),
-# `llmbook.training.pretrained` (the book's shipped models) and `llmbook.training.memory`
-# (mixed precision and memory).
+# `llmbook.training.pretrained` (the book's shipped models), `llmbook.training.memory`
+# (mixed precision and memory) and `llmbook.training.packing` (packing and batch order).
 
 # %%
 import functools
@@ -59,6 +61,7 @@ from llmbook.training.memory import (
     scaler_trajectory,
     training_state_bytes,
 )
+from llmbook.training.packing import ResumableBatches, pack_documents
 from llmbook.training.pretrained import book_model
 from llmbook.training.train import (
     TrainConfig,
@@ -791,6 +794,84 @@ checks
 # activation recomputation"), which is much of the memory and little of the compute.
 
 # %% [markdown]
+# ## 10.8 Packing documents, and a batch order that resumes
+#
+# The windows of section 10.1 are cut from one long stream, so a window may start in one
+# document and end in the next. For pretraining on a web-sized corpus that is harmless, and
+# it is what GPT-2 and most pretraining runs did. When documents are short and unrelated
+# (chat examples, instructions, separate files), two things go wrong: a token attends to
+# the end of an unrelated document, and the loss asks the model to predict a document's
+# first token from the previous one. Padding each document to the longest avoids both but
+# spends compute on padding. *Packing* keeps the stream's density and removes the leak
+# (Krell et al., 2021): each token carries the id of its *segment* (the part of one document
+# in one chunk), attention is causal **and** within a segment, positions restart at each
+# segment, and the last token of a segment has no target. Three documents, a separator
+# token 1, chunks of 6:
+
+# %%
+show_source(pack_documents)
+
+# %%
+packed = pack_documents([[5, 6, 7], [8, 9], [10, 11, 12, 13, 14, 15, 16]], chunk_len=6, sep_id=1)
+for name in ("ids", "segments", "positions", "targets"):
+    print(f"{name:9s}", getattr(packed, name).tolist())
+print("attention mask of chunk 1 (1 = may attend):")
+print(packed.attention_mask()[1, 0].int().numpy())
+
+# %% [markdown]
+# Chunk 1 holds the end of the second document and the start of the third: its mask is
+# two causal triangles, not one. The claim to check is that a packed chunk computes, for
+# every segment, exactly what the segment computes alone, and that the plain causal mask
+# does not. A small Llama-style model in float64, on documents of uneven length:
+
+# %%
+tiny = TransformerLM(TransformerConfig.llama_style(vocab_size=32, d_model=24, n_layers=2,
+                                                    n_heads=4, max_seq_len=16),
+                     generator=torch.Generator().manual_seed(0)).double().eval()
+docs = [[3, 4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]]
+packed = pack_documents(docs, chunk_len=10, sep_id=1)
+with torch.no_grad():
+    together = tiny(packed.ids, positions=packed.positions, mask=packed.attention_mask())
+    apart = [tiny(packed.ids[packed.segments == s][None])[0]
+             for s in range(int(packed.segments.max()) + 1)]
+    leaky = tiny(packed.ids)
+gap = max(float((together[packed.segments == s] - a).abs().max()) for s, a in enumerate(apart))
+checks = Checks("packing")
+checks.true("packed = each segment alone, every segment (float64, max |diff| < 1e-12)", gap < 1e-12)
+checks.true("the plain causal mask changes the logits of later segments (max |diff| > 1e-3)",
+            bool((leaky - together).abs().max() > 1e-3))
+checks.equal("targets kept (tokens minus one per segment)",
+             int(packed.segments.ge(0).sum()) - len(apart), int((packed.targets != -100).sum()))
+print(f"{len(docs)} documents, {int(packed.segments.ge(0).sum())} tokens with separators, "
+      f"{packed.ids.shape[0]} chunks of {packed.ids.shape[1]}, "
+      f"{packed.padding_fraction:.0%} padding")
+checks
+
+# %% [markdown]
+# Section 10.4 made a resumed run equal to the uninterrupted one by saving the random
+# number generators. A data order drawn from the generator that also drives dropout or
+# sampling ties the two together; `ResumableBatches` instead fixes each epoch's order by the
+# seed and the epoch number alone (a fresh permutation per epoch), and its state is two
+# integers. A run stopped after 7 batches and restarted from `state_dict()` sees the same
+# batches as a run never stopped:
+
+# %%
+straight = ResumableBatches(num_items=packed.ids.shape[0] * 4, batch_size=3, seed=0)
+expected = [next(straight).tolist() for _ in range(12)]
+first = ResumableBatches(num_items=packed.ids.shape[0] * 4, batch_size=3, seed=0)
+for _ in range(7):
+    next(first)
+state = first.state_dict()
+resumed = ResumableBatches(num_items=packed.ids.shape[0] * 4, batch_size=3, seed=0)
+resumed.load_state_dict(state)
+print("state:", state)
+checks = Checks("resumable batch order")
+checks.equal("batches 8-12 after a restart", expected[7:], [next(resumed).tolist() for _ in range(5)])
+checks.equal("each epoch visits every item once", list(range(12)),
+             sorted(i for b in expected[:4] for i in b))
+checks
+
+# %% [markdown]
 # ## Summary
 #
 # * A corpus is a flat `uint16` file opened with `np.memmap`; a batch is $B$ random
@@ -814,6 +895,10 @@ checks
 #   (unfused attention) $s^2$: for the book's GPT-2 block $4bsh(32 + 2as/h)$ bytes plus
 #   small terms, measured exactly with `saved_tensors_hooks`. Checkpointing keeps only the
 #   block inputs, for about one extra forward pass of the blocks.
+# * Packing fills chunks with whole documents and separators; a causal mask within each
+#   segment, positions that restart, and no target across a boundary make a packed chunk
+#   compute exactly what its segments compute alone. A batch order fixed by (seed, epoch)
+#   resumes from two integers.
 #
 # ## Exercises
 #

@@ -16,7 +16,10 @@ Chapter → module → what it defines:
   :mod:`~llmbook.training.memory`: float formats, master weights, loss scaling, the bytes
   of a training step and of its saved activations (``float_format_symbolic``,
   ``MasterWeightOptimizer``, ``DynamicLossScaler``, ``training_state_bytes``,
-  ``saved_activation_bytes``).
+  ``saved_activation_bytes``);
+  :mod:`~llmbook.training.packing`: documents packed into chunks with segment-aware masks
+  and positions (``pack_documents``, ``PackedChunks``), a batch order that resumes
+  (``ResumableBatches``).
 * 10b Batch size, accumulation and gradient noise → :mod:`~llmbook.training.batch_size`:
   ``accumulate_gradients``, ``accumulated_train_step``, ``global_batch_size``,
   ``noise_scale``, ``unbiased_noise_estimates``, ``microbatch_noise_estimate``,
