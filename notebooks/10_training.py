@@ -805,8 +805,9 @@ checks
 # spends compute on padding. *Packing* keeps the stream's density and removes the leak
 # (Krell et al., 2021): each token carries the id of its *segment* (the part of one document
 # in one chunk), attention is causal **and** within a segment, positions restart at each
-# segment, and the last token of a segment has no target. Three documents, a separator
-# token 1, chunks of 6:
+# segment, and the last token of a segment has no target. (Chapter 17 packs fine-tuning
+# examples by the same rule, whole and with a loss mask on the responses.) Three documents,
+# a separator token 1, chunks of 6:
 
 # %%
 show_source(pack_documents)

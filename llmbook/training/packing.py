@@ -22,6 +22,12 @@ epoch number alone (a fresh permutation per epoch, from numpy's PCG64), and can 
 restore where it is: a run stopped at step s and resumed from :meth:`~ResumableBatches.state_dict`
 sees exactly the batches an uninterrupted run would.
 
+This is packing for pretraining-style data: a stream of documents, cut wherever a chunk is
+full. Chapter 17's :func:`llmbook.alignment.sft.pack_examples` packs (prompt, response)
+examples for fine-tuning instead: it never splits an example, places whole examples into
+rows (in order, or best fit decreasing as trl does) and carries the loss mask of the
+responses; the masks and positions follow the same rule.
+
 Shapes: N chunks of L tokens.
 """
 
