@@ -24,8 +24,9 @@
 # 1. states the **KL-regularised objective** and turns it into a per-token reward;
 # 2. derives the **policy-gradient theorem** in SymPy and checks it by Monte Carlo, error
 #    shrinking like $1/\sqrt N$ and a baseline cutting the variance;
-# 3. derives the bias and variance of the three **KL estimators** $k_1, k_2, k_3$ and samples
-#    them;
+# 3. derives the bias and variance of the three **KL estimators** $k_1, k_2, k_3$, samples
+#    them, finds where $k_3$ spreads *more* than $k_1$, and derives what each one's gradient
+#    estimates when it is used as a loss;
 # 4. proves the telescoping sum behind **GAE** and its two limits;
 # 5. finds where the **clipped surrogate** has zero gradient, checked with autograd;
 # 6. runs **PPO on the book's text model**, shipped as two runs;
@@ -40,8 +41,15 @@ import numpy as np
 import sympy as sp
 import torch
 from IPython.display import display
+from torchrl.objectives.value.functional import generalized_advantage_estimate
 
-from llmbook.alignment.losses import gae, ppo_policy_loss, ppo_value_loss
+from llmbook.alignment.losses import (
+    gae,
+    kl_estimator_loss_gradients,
+    kl_estimator_variances,
+    ppo_policy_loss,
+    ppo_value_loss,
+)
 from llmbook.alignment.policy_gradient import (
     clipped_surrogate_grad,
     exact_policy_gradient,
@@ -59,6 +67,7 @@ from llmbook.alignment.ppo import (
     make_policy,
     ppo_update,
     rollout,
+    sampler_logprobs,
 )
 from llmbook.alignment.preferences import (
     evaluate_policy,
@@ -314,10 +323,181 @@ checks
 # Here $k_3$ has a fifteenth of $k_1$'s variance at no bias, and $k_2$, biased upwards by 11 %,
 # does not even spread less. Exercise 2 shows why: for $q$ close to $p$, $k_1$'s spread is of the order of
 # $\sqrt{\mathrm{KL}}$, far larger than the KL itself, while $k_2$ and $k_3$ spread on the
-# order of the KL. This chapter's PPO puts $k_1$ in the per-token reward (its sum over a
-# response *is* the sequence log-ratio, which the derivation of 18.1 needs) and reports the
-# KL of whole responses as the mean of those sums, as `evaluate_policy` does; GRPO (chapter 20)
-# puts $k_3$ in its loss.
+# order of the KL.
+#
+# **But $k_3$ does not always spread less.** Since $k_3 = k_1 + (\rho - 1)$,
+#
+# $$ \mathrm{Var}[k_3] - \mathrm{Var}[k_1] = \mathrm{Var}[\rho] - 2\,\mathrm{Cov}(\rho, \log\rho),
+#    \qquad \mathrm{Var}[\rho] = \sum_x \frac{q(x)^2}{p(x)} - 1 = \chi^2(q\,\|\,p). $$
+#
+# Near $\rho = 1$, $\log\rho \approx \rho - 1$, the covariance is about $\mathrm{Var}[\rho]$ and
+# the difference about $-\mathrm{Var}[\rho] < 0$: $k_3$ wins. But $\rho$ is unbounded above and
+# $\log\rho$ grows slowly, so where $q$ puts far more mass than $p$ on an outcome that $p$
+# still draws now and then, $\mathrm{Var}[\rho]$ outgrows the covariance and $k_3$ loses. With
+# two outcomes the whole story is one number: each estimator takes two values, its variance
+# is $p_1p_2$ times the squared gap between them, and
+#
+# $$ \frac{\mathrm{Var}[k_3]}{\mathrm{Var}[k_1]} = \big(L(\rho_1, \rho_2) - 1\big)^2, \qquad
+#    L(\rho_1, \rho_2) = \frac{\rho_2 - \rho_1}{\log\rho_2 - \log\rho_1}, $$
+#
+# the squared distance from 1 of the *logarithmic mean* of the two ratios: $k_3$ is the worse
+# estimator exactly when $L > 2$. SymPy confirms it on the general two-outcome pair above:
+
+# %%
+var_k1, var_k3 = moments["k1"][1], moments["k3"][1]
+rho1, rho2 = b / a, (1 - b) / (1 - a)
+log_mean = (rho2 - rho1) / (sp.log(rho2) - sp.log(rho1))
+assert sp.simplify(sp.expand_log(var_k3 - var_k1 * (log_mean - 1) ** 2, force=True)) == 0
+print("Var[k3] = Var[k1] (L - 1)^2 for every two-outcome pair: True")
+
+# %% [markdown]
+# A policy that has pushed a token the reference gives even odds down to 2 %, $p = (0.98, 0.02)$
+# against $q = (\tfrac12, \tfrac12)$, is only 0.6 nats away, yet on the rare draw of
+# that token $\rho = 25$. `losses.kl_estimator_variances` sums the exact variances over the
+# outcomes; the table also has the symmetric pair $p = (0.9, 0.1)$, $q = (0.1, 0.9)$ (where
+# $k_2$ does not vary at all, since $(\log\rho)^2$ is the same at both outcomes) and the
+# three-outcome pair from before:
+
+# %%
+show_source(kl_estimator_variances)
+
+# %%
+pairs = {"p = (0.98, 0.02), q = (1/2, 1/2)": ([sp.Rational(49, 50), sp.Rational(1, 50)], [sp.Rational(1, 2)] * 2),
+         "p = (0.9, 0.1), q = (0.1, 0.9)": ([sp.Rational(9, 10), sp.Rational(1, 10)], [sp.Rational(1, 10), sp.Rational(9, 10)]),
+         "3-outcome pair above": (p_sym, q_sym)}
+checks = Checks("exact variances: kl_estimator_variances against SymPy")
+print(f"{'':34s} {'KL':>6s} {'Var k1':>8s} {'Var k2':>8s} {'Var k3':>8s} {'Var k3 / Var k1':>16s}")
+for name, (pp, qq) in pairs.items():
+    var = kl_estimator_variances(torch.tensor([float(v) for v in pp], dtype=f64).log(),
+                                 torch.tensor([float(v) for v in qq], dtype=f64).log())
+    exact_pair = kl_estimator_moments(pp, qq)
+    checks.close(f"{name}: the three variances", [float(sp.N(exact_pair[k][1], 20)) for k in ("k1", "k2", "k3")],
+                 torch.stack(list(var)), tol=1e-12)
+    print(f"{name:34s} {float(sp.N(exact_pair['kl'][0])):6.3f} {float(var.k1):8.4f} {float(var.k2):8.4f}"
+          f" {float(var.k3):8.4f} {float(var.k3 / var.k1):16.2f}")
+checks
+
+# %% [markdown]
+# The first pair is not a corner case: it is what RL does to a token it learns to avoid.
+# Sampling agrees: $10^5$ draws from $p = (0.98, 0.02)$.
+
+# %%
+p_far = torch.tensor([0.98, 0.02], dtype=f64)
+q_far = torch.tensor([0.5, 0.5], dtype=f64)
+var_far = kl_estimator_variances(p_far.log(), q_far.log())
+draws = sample_kl_estimators(p_far, q_far, N, g)
+print(f"ρ = q/p at the suppressed token: {float(q_far[1] / p_far[1]):.0f}; KL(p || q) = {float(draws.k1.mean()):.1f} nats (k1's sample mean)")
+checks = Checks(f"k3 against k1 far from the reference, {N} samples")
+for name in ("k1", "k3"):
+    checks.close(f"{name}: sample variance / exact variance", 1.0,
+                 float(getattr(draws, name).var()) / float(getattr(var_far, name)), tol=0.1)
+print(f"sample variances: k1 {float(draws.k1.var()):.2f}, k3 {float(draws.k3.var()):.1f}")
+checks
+
+# %% [markdown]
+# Over all two-outcome pairs: the policy's probability $p_1$ of the first outcome across,
+# the reference's $q_1$ up.
+
+# %%
+p1 = torch.linspace(0.005, 0.995, 199, dtype=f64)
+q1 = torch.linspace(0.005, 0.995, 199, dtype=f64) + 1e-3  # never exactly p1: 0/0 on the diagonal
+P1, Q1 = torch.meshgrid(p1, q1, indexing="xy")  # (199, 199): columns p1, rows q1
+grid = kl_estimator_variances(torch.stack([P1, 1 - P1], -1).log(), torch.stack([Q1, 1 - Q1], -1).log())
+fig, ax = plt.subplots(figsize=(5.6, 4.6))
+log_ratio_grid = torch.log10(grid.k3 / grid.k1).numpy()
+mesh = ax.pcolormesh(p1.numpy(), q1.numpy(), log_ratio_grid, cmap="RdBu_r", vmin=-3, vmax=3, shading="auto")
+ax.contour(p1.numpy(), q1.numpy(), log_ratio_grid, levels=[0.0], colors="k")
+ax.plot([0.98, 0.9], [0.5, 0.1], "k*", ms=10)
+fig.colorbar(mesh, label="log10 Var[k3] / Var[k1]")
+ax.set(xlabel="policy p(x = 1)", ylabel="reference q(x = 1)",
+       title="Where k3 spreads more than k1 (red; black line: equal)")
+fig.tight_layout()
+save_figure(fig, "18_rlhf_ppo_kl_variance")
+plt.show()
+
+# %% [markdown]
+# Blue, around the diagonal, is where the policy is close to the reference and $k_3$ is far
+# better. Red, in the bands along the left and right edges, where the policy all but rules out
+# an outcome to which the reference gives a fair share, is where $k_1$ is. The stars are the
+# two-outcome pairs of the table, one deep in the red band and one on its edge. So: to
+# *monitor* a KL-regularised policy, which stays near its reference, $k_3$ is the better
+# unbiased estimator; once the policy has moved far, and above all once it has nearly ruled out
+# tokens the reference favours, $k_1$ is, with variance growing only like $(\log\rho)^2$ rather
+# than like $\rho^2$ (and where the logits are at hand, the per-token KL can be summed over the
+# whole vocabulary, with no single-sample estimator at all). $k_2$ is biased either way.
+#
+# **Used as a loss, each estimator estimates a different gradient.** GRPO (chapter 20) does not
+# only *report* $k_3$: it adds $\beta k_3$ to its loss and differentiates it at the sampled
+# tokens, through $\log p(x)$, with the samples held fixed. The expected gradient is
+# $\mathbb E_{x\sim p}[\nabla k(x)] = \sum_x p(x)\,\nabla k(x)$, with $\nabla\log\rho = -\nabla\log p$:
+#
+# * $\nabla k_1 = \nabla\log p$, whose mean is $0$ (the baseline term of 18.2): $k_1$ as a loss
+#   does nothing in expectation;
+# * $\nabla k_2 = -\log\rho\,\nabla\log p$, whose mean is $\sum_x \nabla p(x)\,\log\frac{p(x)}{q(x)}
+#   = \nabla\,\mathrm{KL}(p\|q)$, the gradient of the KL in the objective, although $k_2$'s
+#   *value* is biased;
+# * $\nabla k_3 = (1 - \rho)\,\nabla\log p$, whose mean is $-\sum_x q(x)\,\nabla\log p(x) =
+#   \nabla\,\mathrm{KL}(q\|p)$: the gradient of the **reverse** KL, $\mathrm{KL}(\pi_{\text{ref}}\|\pi)$.
+#
+# SymPy derives all three for a softmax policy over three outcomes with symbolic logits
+# $\theta$ and a general reference $q$:
+
+# %%
+th = sp.symbols("theta0:3", real=True)
+qs = sp.symbols("q0:3", positive=True)
+logp_th = [t - sp.log(sum(sp.exp(u) for u in th)) for t in th]
+p_th = [sp.exp(lp) for lp in logp_th]
+log_rho = [sp.log(qk) - lp for qk, lp in zip(qs, logp_th, strict=True)]
+k_exprs = {"k1": [-lr for lr in log_rho], "k2": [lr**2 / 2 for lr in log_rho],
+           "k3": [sp.exp(lr) - 1 - lr for lr in log_rho]}
+kl_forward = sum(pk * (lp - sp.log(qk)) for pk, lp, qk in zip(p_th, logp_th, qs, strict=True))
+kl_reverse = sum(qk * (sp.log(qk) - lp) for lp, qk in zip(logp_th, qs, strict=True))
+targets = {"k1": sp.Integer(0), "k2": kl_forward, "k3": kl_reverse}
+for name, ks in k_exprs.items():
+    for j in range(3):
+        expected_grad = sum(pk * sp.diff(kv, th[j]) for pk, kv in zip(p_th, ks, strict=True))
+        diff = (expected_grad - sp.diff(targets[name], th[j])).subs(qs[2], 1 - qs[0] - qs[1])
+        assert sp.simplify(diff) == 0
+print("E[grad k1] = 0, E[grad k2] = grad KL(p||q), E[grad k3] = grad KL(q||p): True")
+for j in range(3):  # in logit space the reverse KL's gradient is p - q
+    assert sp.simplify((sp.diff(kl_reverse, th[j]) - (p_th[j] - qs[j])).subs(qs[2], 1 - qs[0] - qs[1])) == 0
+display(sp.Eq(sp.Symbol(r"\partial\,\mathrm{KL}(q\|p)/\partial\theta_j"), sp.Symbol("p_j") - sp.Symbol("q_j")))
+
+# %% [markdown]
+# So in logit space $\nabla_\theta\mathrm{KL}(q\|p) = p - q$. The package's
+# `kl_estimator_loss_gradients` computes the three expected gradients by autograd, with the
+# sampling weights $p(x)$ held constant; they must equal autograd through PyTorch's own
+# `kl_divergence` in each direction, on the three-outcome pair and on the far pair:
+
+# %%
+show_source(kl_estimator_loss_gradients)
+
+# %%
+Cat = torch.distributions.Categorical
+checks = Checks("expected gradients of the estimators used as losses (d/d logits of p)")
+for name, (pp, qq) in (("3-outcome pair", (p_t, q_t)), ("far pair", (p_far, q_far))):
+    logits = pp.log().requires_grad_(True)
+    grads = kl_estimator_loss_gradients(logits.detach(), qq.log())
+    (forward_grad,) = torch.autograd.grad(torch.distributions.kl_divergence(Cat(logits=logits), Cat(probs=qq)), logits)
+    (reverse_grad,) = torch.autograd.grad(torch.distributions.kl_divergence(Cat(probs=qq), Cat(logits=logits)), logits)
+    checks.close(f"{name}: k1 -> 0", torch.zeros_like(pp), grads.k1, tol=1e-15)
+    checks.close(f"{name}: k2 -> grad KL(p || q)", forward_grad, grads.k2, tol=1e-14)
+    checks.close(f"{name}: k3 -> grad KL(q || p) = p - q", reverse_grad, grads.k3, tol=1e-14)
+    checks.true(f"{name}: the two KLs' gradients differ", (forward_grad - reverse_grad).abs().max() > 0.01)
+checks
+
+# %% [markdown]
+# So "GRPO puts $k_3$ in its loss" hides a switch of direction: as a *value* $k_3$ estimates
+# $\mathrm{KL}(\pi\|\pi_{\text{ref}})$, but as a *loss* (on samples from the current policy)
+# its gradient is that of $\mathrm{KL}(\pi_{\text{ref}}\|\pi)$. Both KLs equal
+# $\tfrac12\sum_x (p - q)^2/p$ to second order, so their gradients agree to first order near the
+# reference and part only once the policy has moved (compare the expected values of the far
+# pair's k2 and k3 rows). The estimator whose gradient is that of the objective's KL is $k_2$;
+# $k_1$ as a loss gives nothing, which is why this chapter's PPO puts $k_1$ in the per-token
+# *reward* (its sum over a response is the sequence log-ratio, which the derivation of 18.1
+# needs): there the score function of 18.2 turns it into the gradient of
+# $\mathrm{KL}(\pi\|\pi_{\text{ref}})$. It reports the KL of whole responses as the mean of
+# those sums, as `evaluate_policy` does.
 #
 # ## 18.4 Generalised advantage estimation
 #
@@ -497,8 +677,23 @@ def reward_fn(prompts, responses):
 
 
 first = rollout(policy, reference, critic, train_prompts[:16], 24, reward_fn, g)
+at_sampling = sampler_logprobs(policy, first.prompts, first.responses)  # the sampler's own view, KV cache
 stats = ppo_update(policy, critic, first, policy_opt, critic_opt, beta=0.3, minibatch_size=8, generator=g)
+after_update = sampler_logprobs(policy, first.prompts, first.responses)
 second = rollout(policy, reference, critic, train_prompts[16:32], 24, reward_fn, g)
+
+# %% [markdown]
+# The first minibatch of an update must see $\rho = 1$: the policy has not moved yet, so
+# $\pi_\theta = \pi_{\text{old}}$, *provided* the $\log\pi_{\text{old}}$ recorded by the
+# rollout is the log-probability of the distribution the tokens were drawn from. The rollout
+# records it by one teacher-forced pass over prompt and response; the sampler drew the tokens
+# from a prefill and then one token at a time against a KV cache (chapter 12). A shift by one
+# position, a temperature applied in one place and not the other, or a cache bug would make
+# them differ. `sampler_logprobs` recomputes $\log\pi$ the sampler's way, before the update and
+# after it:
+
+# %%
+show_source(sampler_logprobs)
 
 # %%
 checks = Checks("two PPO iterations on the text model")
@@ -506,9 +701,40 @@ checks.equal("trainable policy parameters (LoRA r = 8 on 6 layers × 4 blocks)",
              sum(p.numel() for p in policy.parameters() if p.requires_grad))
 checks.true("first rollout: log π = log π_ref exactly (KL 0)", torch.equal(first.logprobs, first.ref_logprobs))
 checks.true("first rollout: the value head starts at 0", bool((first.values == 0).all()))
-checks.true("the first minibatch sees ρ = 1", stats["ratio_min"] <= 1.0 <= stats["ratio_max"])
+checks.close("ρ = π/π_old before the update: the sampler's log π (KV cache) against the recorded one",
+             torch.ones_like(first.logprobs), torch.exp(at_sampling - first.logprobs), tol=1e-4)
+checks.true("after the update, the same tokens' ρ (sampler's log π) has moved by more than 1 %",
+            bool((torch.exp(after_update - first.logprobs) - 1).abs().max() > 0.01))
 checks.true("after one update the policy differs from the reference",
             not torch.equal(second.logprobs, second.ref_logprobs))
+checks
+
+# %% [markdown]
+# **A peer for GAE and the value targets.** torchrl's `generalized_advantage_estimate` is an
+# independent implementation of the same recursion, written for a different layout: one stream
+# of time steps in which `done` flags mark where an episode ends and the recursion must not
+# cross. Here the second rollout's responses are cut short at different lengths, as a stop
+# token would end them, so that episodes end inside the batch. The book's `gae` sees them as
+# right-padded rows with a mask; torchrl sees the same episodes laid end to end,
+# with a `done` flag at the end of each. (The value loss is compared with torchrl's
+# `ClipPPOLoss` in `tests/test_alignment_losses.py`.)
+
+# %%
+lengths = torch.randint(1, 25, (16,), generator=g)  # each response ends after 1..24 tokens
+mask = (torch.arange(24)[None, :] < lengths[:, None]).long()
+cut_scores = (torch.isin(second.responses, kw) & mask.bool()).sum(1).double()  # keywords kept
+rewards = kl_shaped_rewards(cut_scores, second.logprobs.double(), second.ref_logprobs.double(), beta=0.3, mask=mask)
+values = second.values.double() * mask
+adv, ret = gae(rewards, values, gamma=1.0, lam=0.95, mask=mask)
+on = mask.bool()  # row by row: the episodes end to end, 16 of them in one stream
+stream = [x[on][None, :, None] for x in (rewards, values)]  # (1, total tokens, 1)
+done = (on & ~torch.cat([on[:, 1:], torch.zeros_like(on[:, :1])], 1))[on][None, :, None]
+next_v = torch.cat([stream[1][:, 1:], torch.zeros_like(stream[1][:, :1])], 1)
+one, lam64 = torch.tensor(1.0, dtype=f64), torch.tensor(0.95, dtype=f64)  # float64: torchrl keeps its dtype
+peer_adv, peer_ret = generalized_advantage_estimate(one, lam64, stream[1], next_v, stream[0], done, done)
+checks = Checks(f"losses.gae against torchrl: {int(on.sum())} tokens, 16 episodes ending inside the batch")
+checks.close("advantages", peer_adv[0, :, 0], adv[on], tol=1e-12)
+checks.close("value targets (returns)", peer_ret[0, :, 0], ret[on], tol=1e-12)
 checks
 
 # %% [markdown]
@@ -651,7 +877,10 @@ checks
 #   unbiased gradient from samples; its error falls like $1/\sqrt N$ and a baseline lowers it
 #   without bias.
 # * $k_1$ and $k_3$ estimate the KL without bias, $k_2$ with bias; $k_3 \ge 0$ and has much less
-#   variance than $k_1$.
+#   variance than $k_1$ near the reference, but more once $q/p$ is large on outcomes $p$ still
+#   draws ($\mathrm{Var}[k_3] > \mathrm{Var}[k_1]$ exactly when $\chi^2(q\|p) > 2\,\mathrm{Cov}(\rho, \log\rho)$).
+#   Used as losses, their gradients estimate $0$ ($k_1$), $\nabla\mathrm{KL}(\pi\|\pi_{\text{ref}})$
+#   ($k_2$) and $\nabla\mathrm{KL}(\pi_{\text{ref}}\|\pi)$ ($k_3$, GRPO's penalty).
 # * GAE's advantage is a $\gamma\lambda$-discounted sum of TD errors; $\lambda = 0$ is the TD error
 #   and $\lambda = 1$ telescopes to the Monte Carlo advantage.
 # * PPO's clipped surrogate has zero gradient exactly where the ratio has moved beyond
@@ -688,3 +917,8 @@ checks
 #    $\beta = 0.5$ and $\beta = 2$, to within a total-variation distance of $10^{-4}$ with a
 #    decaying learning rate. Why does the sampled estimate not keep jittering around $\pi^*$?
 #    (Look at the shaped reward of each action at $\pi^*$.)
+# 5. (★★) **Where $k_3$ loses.** The policy gives probability $\varepsilon$ to a token that the
+#    reference gives $\tfrac12$: $p = (1-\varepsilon, \varepsilon)$, $q = (\tfrac12, \tfrac12)$. Find
+#    the $\varepsilon^*$ below which $\mathrm{Var}[k_3] > \mathrm{Var}[k_1]$, by bisection on the
+#    exact gap from `kl_estimator_variances`, and check it against SymPy's root of $L = 2$. Does
+#    a reference that gives the token more than $\tfrac12$ move $\varepsilon^*$ up or down?

@@ -17,10 +17,25 @@ returns fixed tensors, so trl's own code computes the loss from our inputs:
 * ``trl.GRPOTrainer._generate_and_score_completions`` for the group-normalised advantages,
   with stubbed generation and reward functions.
 
-What has no peer. trl 1.16.0 ships no PPO trainer (it was removed from trl, with its
+GAE and the value loss. trl 1.16.0 ships no PPO trainer (it was removed from trl, with its
 ``masked_whiten`` helper, its value-function loss and its GAE loop), so :func:`gae` and
-:func:`ppo_value_loss` are checked only against hand computations and an independent
-closed form (A = sum_l (gamma lam)^l delta_{t+l} as a matrix product).
+:func:`ppo_value_loss` are checked against torchrl 0.14.1 instead, on the same rollouts:
+
+* ``torchrl.objectives.value.functional.generalized_advantage_estimate`` (advantages and
+  value targets), with episodes that end inside the batch: ragged rows, a row that packs
+  two episodes around a masked position, and the same episodes laid end to end as one
+  stream with ``done`` flags where torchrl's recursion must stop;
+* ``torchrl.objectives.ClipPPOLoss.loss_critic`` with ``clip_value``, ``loss_critic_type="l2"``
+  and ``critic_coeff=0.5`` (value and gradient), on the unmasked entries.
+
+Besides, hand computations and an independent closed form (A = sum_l (gamma lam)^l
+delta_{t+l} as a matrix product).
+
+KL estimators. :func:`kl_estimator_variances` is checked against SymPy's exact moments
+(:func:`llmbook.alignment.policy_gradient.kl_estimator_moments`) and
+:func:`kl_estimator_loss_gradients` against autograd of ``torch.distributions``' KL in
+both directions, against a SymPy derivation, and against Monte Carlo averages of
+per-sample gradients.
 """
 
 import math
@@ -41,6 +56,8 @@ from llmbook.alignment.losses import (
     gae,
     group_normalized_rewards,
     grpo_loss,
+    kl_estimator_loss_gradients,
+    kl_estimator_variances,
     kl_estimators,
     policy_gradient_loss,
     ppo_policy_loss,
@@ -467,6 +484,73 @@ def test_gae_gradcheck_and_bad_inputs():
         gae(r, v, 0.9, 0.9, mask=torch.ones(2, 3))
 
 
+# ---------------------------------------------------------------- GAE against torchrl
+
+
+@pytest.fixture(scope="module")
+def torchrl_gae():
+    """torchrl's functional GAE (imported once: slow)."""
+    functional = pytest.importorskip("torchrl.objectives.value.functional")
+    return functional.generalized_advantage_estimate
+
+
+def _torchrl_gae(fn, rewards, values, dones, gamma, lam):
+    """torchrl's GAE on (B, L) rows: V(s_{t+1}) is the next entry, 0 after the last; done
+    (and terminated) where an episode ends, so that neither the next value nor the
+    recursion crosses it. Returns (advantages, value targets), (B, L)."""
+    next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1)
+    done = dones[..., None].bool()
+    # gamma and lam as float64 tensors: torchrl multiplies gamma by an integer tensor, which
+    # would round a Python float to float32 (an error of ~1e-8 in the advantages)
+    gamma, lam = torch.tensor(gamma, dtype=values.dtype), torch.tensor(lam, dtype=values.dtype)
+    adv, target = fn(gamma, lam, values[..., None], next_values[..., None], rewards[..., None],
+                     done, done.clone(), time_dim=-2)
+    return adv[..., 0], target[..., 0]
+
+
+def _episode_ends(mask):
+    """True at the last unmasked position of each run of ones in a (B, L) 0/1 mask."""
+    m = mask.bool()
+    after = torch.cat([m[:, 1:], torch.zeros_like(m[:, :1])], dim=1)
+    return m & ~after
+
+
+@pytest.mark.parametrize(("gamma", "lam"), [(1.0, 0.95), (0.9, 0.0), (0.99, 1.0), (0.8, 0.6)])
+def test_gae_matches_torchrl_with_episodes_ending_inside_the_batch(torchrl_gae, gamma, lam):
+    rewards, values = randn(4, 9, seed=64), randn(4, 9, seed=65)
+    # rows: the full width; right padding; a single token; two episodes (3 and 4 tokens)
+    # packed in one row around a masked position
+    mask = torch.tensor([[1] * 9, [1] * 6 + [0] * 3, [1] + [0] * 8, [1, 1, 1, 0, 1, 1, 1, 1, 0]])
+    adv, ret = gae(rewards, values, gamma, lam, mask=mask)
+    # torchrl sees every position, with done at the end of each episode and at each padding
+    # position (a one-step episode of its own, compared nowhere)
+    dones = _episode_ends(mask) | (mask == 0)
+    want_adv, want_ret = _torchrl_gae(torchrl_gae, rewards, values, dones, gamma, lam)
+    on = mask.bool()
+    torch.testing.assert_close(adv[on], want_adv[on], rtol=0, atol=1e-13)
+    torch.testing.assert_close(ret[on], want_ret[on], rtol=0, atol=1e-13)
+    assert (adv[~on] == 0).all() and (ret[~on] == 0).all()
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=5), st.floats(0, 1), st.floats(0, 1),
+       st.integers(0, 10**6))
+def test_gae_batch_equals_torchrl_on_one_stream_of_episodes(torchrl_gae, lengths, gamma, lam, seed):
+    """The episodes of a right-padded (B, T) batch, laid end to end as one stream of
+    sum(lengths) steps with done flags at each episode's end (torchrl's layout for a
+    collector's batch): the same advantages and value targets, position by position."""
+    width = max(lengths) + 1  # a padded column even in the longest row
+    rewards, values = randn(len(lengths), width, seed=seed), randn(len(lengths), width, seed=seed + 1)
+    mask = ragged_mask(lengths, width)
+    adv, ret = gae(rewards, values, gamma, lam, mask=mask)
+    on = mask.bool()  # row-major: episode after episode
+    stream_dones = _episode_ends(mask)[on][None]  # (1, sum(lengths))
+    want_adv, want_ret = _torchrl_gae(torchrl_gae, rewards[on][None], values[on][None],
+                                      stream_dones, gamma, lam)
+    torch.testing.assert_close(adv[on], want_adv[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(ret[on], want_ret[0], rtol=0, atol=1e-12)
+
+
 # ---------------------------------------------------------------- PPO
 
 
@@ -560,6 +644,57 @@ def test_ppo_value_loss_gradcheck_and_bad_inputs():
         ppo_value_loss(values, old, returns, torch.zeros(B, T, dtype=torch.bool), 0.2)
 
 
+class _FixedValues(torch.nn.Module):
+    """A critic whose output is a parameter: the values themselves, whatever the input."""
+
+    def __init__(self, values):
+        super().__init__()
+        self.values = torch.nn.Parameter(values.clone())
+
+    def forward(self, observation):
+        return self.values
+
+
+@pytest.mark.parametrize("clip", [0.2, None])
+def test_ppo_value_loss_matches_torchrl(clip):
+    """0.5 * mean max((V - R)^2, (V_clip - R)^2) against torchrl's ClipPPOLoss.loss_critic
+    (clip_value, "l2" distance, critic_coeff 0.5), value and gradient, on the unmasked
+    entries of a ragged batch (torchrl has no mask: it gets those entries as a flat batch)."""
+    pytest.importorskip("torchrl")
+    from tensordict import TensorDict
+    from tensordict.nn import TensorDictModule
+    from torchrl.modules import ProbabilisticActor, ValueOperator
+    from torchrl.objectives import ClipPPOLoss
+
+    old = randn(B, T, seed=93)
+    values = (old + 0.3 * randn(B, T, seed=94)).requires_grad_()  # some move beyond 0.2, some not
+    returns, mask = randn(B, T, seed=95), ragged_mask([5, 2, 4], T)
+    loss, _ = ppo_value_loss(values, old, returns, mask, clip)
+    (grad,) = torch.autograd.grad(loss, values)
+
+    on = mask.bool()
+    n = int(on.sum())
+    critic = ValueOperator(_FixedValues(values.detach()[on][:, None]), in_keys=["observation"])
+    actor = ProbabilisticActor(TensorDictModule(torch.nn.Linear(1, 2).double(), in_keys=["observation"],
+                                                out_keys=["logits"]),
+                               in_keys=["logits"], distribution_class=torch.distributions.Categorical)
+    as64 = None if clip is None else torch.tensor(clip, dtype=D)  # a float becomes a float32 buffer
+    peer = ClipPPOLoss(actor, critic, clip_value=as64, loss_critic_type="l2",
+                       critic_coeff=torch.tensor(0.5, dtype=D), functional=False)
+    td = TensorDict({"observation": torch.zeros(n, 1, dtype=D), "value_target": returns[on][:, None],
+                     "state_value": old[on][:, None]}, batch_size=[n])
+    per_entry = peer.loss_critic(td)[0]  # (n, 1), not yet reduced
+    want = per_entry.mean()
+    want.backward()
+    torch.testing.assert_close(loss, want.detach(), rtol=0, atol=1e-14)
+    torch.testing.assert_close(grad[on], critic.module.values.grad[:, 0], rtol=0, atol=1e-14)
+    assert (grad[~on] == 0).all()
+    if clip is not None:  # the comparison must cover both branches of the max
+        v, o, r = values.detach()[on], old[on], returns[on]
+        clipped_larger = (o + (v - o).clamp(-clip, clip) - r) ** 2 > (v - r) ** 2
+        assert clipped_larger.any() and not clipped_larger.all()
+
+
 # ---------------------------------------------------------------- KL estimators
 
 
@@ -587,6 +722,156 @@ def test_kl_estimators_expectations(k, seed):
     assert (est.k2 >= 0).all() and (est.k3 >= 0).all()
     with pytest.raises(ValueError, match="logq"):
         kl_estimators(logp, logq[:-1])
+
+
+def _categorical(k, seed, scale=1.0, shape=()):
+    return torch.log_softmax(randn(*shape, k, seed=seed, scale=scale), dim=-1)
+
+
+def test_kl_estimator_variances_worked_example():
+    """p = (0.9, 0.1), q = (0.1, 0.9): log r = -log 9 w.p. 0.9 and +log 9 w.p. 0.1. A two-point
+    variable has variance p1 p2 (difference of its two values)^2."""
+    logp = torch.tensor([0.9, 0.1], dtype=D).log()
+    logq = torch.tensor([0.1, 0.9], dtype=D).log()
+    var = kl_estimator_variances(logp, logq)
+    assert isinstance(var, KLEstimates)
+    l9 = math.log(9)
+    assert var.k1.item() == pytest.approx(0.09 * (2 * l9) ** 2, rel=1e-14)
+    assert var.k2.item() == pytest.approx(0.0, abs=1e-15)  # (log r)^2 / 2 is the same at both
+    k3_values = (1 / 9 - 1 + l9, 9 - 1 - l9)
+    assert var.k3.item() == pytest.approx(0.09 * (k3_values[1] - k3_values[0]) ** 2, rel=1e-14)
+    assert var.k3 > var.k1  # k3 is not always the lower-variance estimator
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(2, 5), st.integers(0, 10**6))
+def test_kl_estimator_variances_equal_sympy(k, seed):
+    """Against the exact SymPy moments of policy_gradient.kl_estimator_moments (rationals)."""
+    import sympy as sp
+
+    from llmbook.alignment.policy_gradient import kl_estimator_moments
+
+    weights = torch.randint(1, 20, (2, k), generator=gen(seed))
+    p_sym = [sp.Rational(int(w), int(weights[0].sum())) for w in weights[0]]
+    q_sym = [sp.Rational(int(w), int(weights[1].sum())) for w in weights[1]]
+    exact = kl_estimator_moments(p_sym, q_sym)
+    logp = torch.tensor([float(v) for v in p_sym], dtype=D).log()
+    logq = torch.tensor([float(v) for v in q_sym], dtype=D).log()
+    var = kl_estimator_variances(logp, logq)
+    for name in ("k1", "k2", "k3"):
+        want = float(sp.N(exact[name][1], 30))
+        assert getattr(var, name).item() == pytest.approx(want, rel=1e-10, abs=1e-14)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 8), st.floats(0.1, 4.0), st.integers(0, 10**6))
+def test_kl_estimator_variance_gap_is_chi_square_minus_twice_a_covariance(k, scale, seed):
+    """Var[k3] - Var[k1] = Var_p[r] - 2 Cov_p(r, log r), Var_p[r] = chi^2(q || p) = sum q^2/p - 1,
+    on a batch of non-square shape (3, 2, k)."""
+    logp, logq = _categorical(k, seed, scale, (3, 2)), _categorical(k, seed + 1, scale, (3, 2))
+    var = kl_estimator_variances(logp, logq)
+    p, r = logp.exp(), (logq - logp).exp()
+    chi2 = (logq.exp() ** 2 / p).sum(-1) - 1
+    cov = (p * (r - 1) * ((logq - logp) - (p * (logq - logp)).sum(-1, keepdim=True))).sum(-1)
+    torch.testing.assert_close(var.k3 - var.k1, chi2 - 2 * cov, rtol=1e-9, atol=1e-12)
+    for i in range(3):  # a batch is its rows
+        row = kl_estimator_variances(logp[i, 1], logq[i, 1])
+        torch.testing.assert_close(var.k2[i, 1], row.k2, rtol=0, atol=0)
+
+
+def test_kl_estimator_variances_ignore_outcomes_p_never_draws():
+    logp = torch.tensor([0.5, 0.0, 0.5], dtype=D).log()  # log 0 = -inf
+    logq = torch.tensor([0.2, 0.5, 0.3], dtype=D).log()
+    var = kl_estimator_variances(logp, logq)
+    log_r = torch.tensor([math.log(0.2 / 0.5), math.log(0.3 / 0.5)], dtype=D)  # the two drawn
+    assert var.k1.item() == pytest.approx(0.25 * float(log_r[0] - log_r[1]) ** 2, rel=1e-13)
+    assert all(torch.isfinite(v) for v in var)
+
+
+def test_kl_estimator_variances_bad_inputs():
+    logp, logq = _categorical(3, 1), _categorical(3, 2)
+    with pytest.raises(ValueError, match="logq"):
+        kl_estimator_variances(logp, logq[:2])
+    with pytest.raises(ValueError, match="logp"):
+        kl_estimator_variances(logp + 0.1, logq)  # sums to more than 1 (and a positive log)
+    with pytest.raises(ValueError, match="logq"):
+        kl_estimator_variances(logp, logq - 0.1)  # sums to less than 1
+    with pytest.raises(ValueError, match="logq must be finite"):
+        kl_estimator_variances(logp, torch.tensor([0.0, -math.inf, -math.inf], dtype=D))
+    with pytest.raises(ValueError, match="last dimension"):
+        kl_estimator_variances(torch.tensor(0.0, dtype=D), torch.tensor(0.0, dtype=D))
+    with pytest.raises(TypeError, match="logp"):
+        kl_estimator_variances(torch.zeros(2, dtype=torch.long), logq[:2])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 7), st.floats(0.1, 3.0), st.integers(0, 10**6))
+def test_kl_estimator_loss_gradients_are_zero_forward_kl_reverse_kl(k, scale, seed):
+    """Used as losses: E[grad k1] = 0, E[grad k2] = grad KL(p || q), E[grad k3] = grad KL(q || p)
+    = p - q, the KLs differentiated by autograd through torch.distributions; shape (2, 3, k)."""
+    logits = scale * randn(2, 3, k, seed=seed)
+    logq = _categorical(k, seed + 1, scale, (2, 3))
+    grads = kl_estimator_loss_gradients(logits, logq)
+    z = logits.clone().requires_grad_()
+    Cat = torch.distributions.Categorical
+    forward = torch.distributions.kl_divergence(Cat(logits=z), Cat(logits=logq)).sum()
+    reverse = torch.distributions.kl_divergence(Cat(logits=logq), Cat(logits=z)).sum()
+    (g_forward,) = torch.autograd.grad(forward, z)
+    (g_reverse,) = torch.autograd.grad(reverse, z)
+    torch.testing.assert_close(grads.k1, torch.zeros_like(logits), rtol=0, atol=1e-13)
+    torch.testing.assert_close(grads.k2, g_forward, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grads.k3, g_reverse, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grads.k3, torch.softmax(logits, -1) - logq.exp(), rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(g_forward, g_reverse, atol=1e-6)  # the two KLs' gradients differ
+
+
+def test_kl_estimator_loss_gradients_equal_a_sympy_derivation():
+    """sum_x p(x) d k(x) / d theta_j in SymPy, for K = 3 symbolic logits, at a point."""
+    import sympy as sp
+
+    theta = sp.symbols("theta0:3", real=True)
+    log_z = sp.log(sum(sp.exp(t) for t in theta))
+    logq_values = [sp.log(sp.Rational(1, 6)), sp.log(sp.Rational(1, 2)), sp.log(sp.Rational(1, 3))]
+    log_r = [lq - (t - log_z) for lq, t in zip(logq_values, theta, strict=True)]
+    p = [sp.exp(t - log_z) for t in theta]
+    estimators = {"k1": [-lr for lr in log_r], "k2": [lr**2 / 2 for lr in log_r],
+                  "k3": [sp.exp(lr) - 1 - lr for lr in log_r]}
+    point = {theta[0]: sp.Rational(1, 2), theta[1]: -1, theta[2]: sp.Rational(3, 10)}
+    logits = torch.tensor([0.5, -1.0, 0.3], dtype=D)
+    grads = kl_estimator_loss_gradients(logits, torch.tensor([1 / 6, 1 / 2, 1 / 3], dtype=D).log())
+    for name, ks in estimators.items():
+        want = [float(sum(pk * sp.diff(kv, theta[j]) for pk, kv in zip(p, ks, strict=True)).subs(point))
+                for j in range(3)]
+        torch.testing.assert_close(getattr(grads, name), torch.tensor(want, dtype=D), rtol=1e-12, atol=1e-14)
+
+
+def test_kl_estimator_loss_gradients_match_monte_carlo():
+    """The mean over samples x ~ p of autograd's gradient of k(x), each sample held fixed,
+    lies within 5 standard errors of the exact expectation."""
+    logits = torch.tensor([1.0, -0.5, 0.2, 0.8, -1.2], dtype=D)
+    logq = _categorical(5, 7)
+    exact = kl_estimator_loss_gradients(logits, logq)
+    n = 4000
+    x = torch.multinomial(torch.softmax(logits, 0), n, replacement=True, generator=gen(8))
+    z = logits.clone().requires_grad_()
+    est = kl_estimators(torch.log_softmax(z, 0)[x], logq[x])  # (n,) each
+    for name in ("k1", "k2", "k3"):
+        per_sample = torch.stack([torch.autograd.grad(getattr(est, name)[i], z, retain_graph=True)[0]
+                                  for i in range(0, n, 8)])  # every 8th: 500 samples
+        mean, se = per_sample.mean(0), per_sample.std(0) / per_sample.shape[0] ** 0.5
+        assert ((mean - getattr(exact, name)).abs() <= 5 * se + 1e-12).all(), name
+
+
+def test_kl_estimator_loss_gradients_bad_inputs():
+    logits, logq = randn(2, 4, seed=3), _categorical(4, 4, shape=(2,))
+    with pytest.raises(ValueError, match="logq"):
+        kl_estimator_loss_gradients(logits, logq[:, :3])
+    with pytest.raises(ValueError, match="logits"):
+        kl_estimator_loss_gradients(torch.full((2, 4), math.inf, dtype=D), logq)
+    with pytest.raises(ValueError, match="logq"):
+        kl_estimator_loss_gradients(logits, logq.exp())  # probabilities, not their logs
+    with pytest.raises(ValueError, match="logq"):
+        kl_estimator_loss_gradients(logits, torch.tensor([[0.0] + [-math.inf] * 3] * 2, dtype=D))
 
 
 # ---------------------------------------------------------------- GRPO (chapter 20)

@@ -29,6 +29,7 @@ from llmbook.alignment.ppo import (
     response_logits,
     response_values,
     rollout,
+    sampler_logprobs,
     train_ppo,
     whiten,
 )
@@ -249,6 +250,48 @@ def test_rollout_records_what_the_three_models_see(reference):
     again = rollout(policy, reference, critic, batch.prompts, R, reward_fn, gen(0))
     same = rollout(policy, reference, critic, batch.prompts, R, reward_fn, gen(0))
     assert torch.equal(again.responses, same.responses)
+
+
+def test_sampler_logprobs_equal_the_teacher_forced_logprobs(reference):
+    """The KV-cache decoding path (prefill, then one token at a time) and one teacher-forced
+    pass over [x; y] give the same log pi(y_t | x, y_<t): to round-off in float64, to float32
+    precision in float32; a pass shifted by one position does not."""
+    prompts = torch.randint(0, V, (3, P), generator=gen(11))
+    responses = torch.randint(0, V, (3, R + 2), generator=gen(12))  # P + R + 2 = 13 <= 16
+    model64 = copy.deepcopy(reference).double()
+    got = sampler_logprobs(model64, prompts, responses)
+    assert got.shape == (3, R + 2) and got.dtype == torch.float64
+    torch.testing.assert_close(got, response_logprobs(model64, prompts, responses), rtol=0, atol=1e-12)
+    torch.testing.assert_close(sampler_logprobs(reference, prompts, responses),
+                               response_logprobs(reference, prompts, responses), rtol=0, atol=2e-6)
+    with torch.no_grad():  # one position off: the bug this check is there to catch
+        ids = torch.cat([prompts, responses], dim=1)
+        shifted = token_logprobs(model64(ids)[:, P:P + R + 2], responses)
+    assert (shifted - got).abs().max() > 0.1
+
+
+def test_sampler_logprobs_see_the_policy_move_after_an_update(reference):
+    policy, critic, batch, g = setup(reference, seed=3)
+    torch.testing.assert_close(sampler_logprobs(policy, batch.prompts, batch.responses), batch.logprobs,
+                               rtol=0, atol=2e-6)  # ratio 1 before the update
+    ppo_update(policy, critic, batch, *optimizers(policy, critic), beta=0.1, minibatch_size=4, generator=g)
+    after = sampler_logprobs(policy, batch.prompts, batch.responses)
+    assert (after - batch.logprobs).abs().max() > 1e-3
+    with torch.no_grad():
+        torch.testing.assert_close(after, response_logprobs(policy, batch.prompts, batch.responses),
+                                   rtol=0, atol=2e-6)
+
+
+def test_sampler_logprobs_rejects_bad_inputs(reference):
+    prompts, responses = torch.zeros(2, 10, dtype=torch.long), torch.zeros(2, 7, dtype=torch.long)
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        sampler_logprobs(reference, prompts, responses)
+    with pytest.raises(TypeError, match="TransformerLM"):
+        sampler_logprobs(lambda ids: ids, prompts, responses[:, :2])
+    with pytest.raises(ValueError, match="batch size"):
+        sampler_logprobs(reference, prompts, responses[:1, :2])
+    with pytest.raises(TypeError, match="integer"):
+        sampler_logprobs(reference, prompts.float(), responses[:, :2])
 
 
 def test_rollout_rejects_bad_inputs(reference):

@@ -85,3 +85,16 @@ def test_exercise_4_ppo_reaches_the_kl_regularised_optimum(beta):
     assert float(shaped.max() - shaped.min()) < 1e-12
     assert shaped[0].item() == pytest.approx(beta * math.log(float(torch.exp(ref + rewards / beta).sum()
                                                                     / torch.exp(ref).sum())))
+
+
+def test_exercise_5_where_k3_spreads_more_than_k1():
+    eps_star = solutions.k3_variance_crossover(0.5)
+    # independently: SymPy solves L(rho_1, rho_2) = 2 for the logarithmic mean of the ratios
+    e = sp.Symbol("e", positive=True)
+    r1, r2 = sp.Rational(1, 2) / (1 - e), sp.Rational(1, 2) / e
+    log_mean = (r2 - r1) / (sp.log(r2) - sp.log(r1))
+    root = float(sp.nsolve(log_mean - 2, e, (0.02, 0.3), solver="bisect"))  # a bracket, not eps_star
+    assert eps_star == pytest.approx(root, rel=1e-9)
+    assert solutions.k3_variance_gap(0.9 * eps_star) > 0 > solutions.k3_variance_gap(1.1 * eps_star)
+    # a reference that favours the outcome more moves the threshold up
+    assert solutions.k3_variance_crossover(0.8) > eps_star

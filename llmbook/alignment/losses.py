@@ -26,7 +26,9 @@ monitored with.
   Liu et al., 2025, "Understanding R1-Zero-like Training: A Critical Perspective"
   (Dr. GRPO);
 * :func:`kl_estimators`: the k1, k2, k3 single-sample estimators of KL(p || q) from
-  J. Schulman, "Approximating KL Divergence" (blog post, 2020).
+  J. Schulman, "Approximating KL Divergence" (blog post, 2020); :func:`kl_estimator_variances`
+  (their exact variances) and :func:`kl_estimator_loss_gradients` (what their gradients
+  estimate when they are used as a loss), both summed exactly over a categorical distribution.
 
 Conventions. Per-token tensors are (B, T) with a (B, T) mask of response tokens (boolean or
 0/1, exactly the shape of the tensor; never broadcast). Per-sequence tensors are (B,).
@@ -62,6 +64,8 @@ __all__ = [
     "gae",
     "grpo_loss",
     "group_normalized_rewards",
+    "kl_estimator_loss_gradients",
+    "kl_estimator_variances",
     "kl_estimators",
     "policy_gradient_loss",
     "ppo_policy_loss",
@@ -426,17 +430,99 @@ def kl_estimators(logp: Tensor, logq: Tensor) -> KLEstimates:
 
     With log r = log q(x) - log p(x) (so E_p[r] = 1):
 
-    * k1 = -log r: unbiased, high variance, negative for some samples;
+    * k1 = -log r: unbiased, negative for some samples;
     * k2 = (log r)^2 / 2: biased (low bias when p and q are close), always >= 0;
     * k3 = (r - 1) - log r: unbiased (the added r - 1 has mean 0) and always >= 0, since
-      log r <= r - 1. GRPO's KL penalty (Shao et al., 2024, eq. 4) is k3 with p the policy
-      and q the reference model.
+      log r <= r - 1. Near q = p its variance is far below k1's, but not always: where q/p
+      has a heavy upper tail (q much larger than p on outcomes p still samples), the r term
+      makes it the larger (:func:`kl_estimator_variances`).
+
+    As *values* all three estimate KL(p || q). Used as a *loss* (differentiated through
+    log p(x) at fixed samples x ~ p) they estimate three different gradients
+    (:func:`kl_estimator_loss_gradients`): k1 gives 0 in expectation, k2 gives the gradient
+    of KL(p || q), and k3 the gradient of the *reverse* KL(q || p). GRPO's KL penalty (Shao
+    et al., 2024, eq. 4) is k3 with p the policy and q the reference model, so on samples from
+    the current policy its gradient is, in expectation, that of KL(pi_ref || pi), not of
+    KL(pi || pi_ref).
 
     ``logp`` and ``logq`` have one shape; the estimates have it too (average them yourself).
     """
     _check_same_shape(logp=logp, logq=logq)
     log_r = logq - logp
     return KLEstimates(k1=-log_r, k2=0.5 * log_r ** 2, k3=torch.expm1(log_r) - log_r)
+
+
+def _check_categorical(logp: Tensor, name: str) -> None:
+    """``logp`` (..., K) holds log-probabilities that sum to 1 over the last dimension."""
+    if logp.ndim < 1:
+        raise ValueError(f"{name} must have a last dimension of outcomes (..., K), got a scalar")
+    _check_log_probs(**{name: logp})
+    tol = 1e-9 if logp.dtype == torch.float64 else 1e-5
+    total = torch.logsumexp(logp, dim=-1)
+    if not bool((total.abs() <= tol).all()):
+        worst = float(total.abs().max())
+        raise ValueError(f"{name} must be a log-distribution over its last dimension (logsumexp 0); "
+                         f"|logsumexp| reaches {worst:.3g}")
+
+
+def kl_estimator_variances(logp: Tensor, logq: Tensor) -> KLEstimates:
+    """Exact variances of k1, k2, k3 under x ~ p, for categorical p and q: (..., K) -> three (...).
+
+    ``logp`` and ``logq`` are log-probabilities over the last dimension (K outcomes; each sums
+    to 1; a batch of pairs in the leading dimensions). Each variance is
+    Var_p[k] = sum_x p(x) (k(x) - E_p[k])^2, summed over the outcomes, not sampled.
+    Outcomes with p(x) = 0 are never drawn and do not count; ``logq`` must be finite where
+    p(x) > 0 (else KL(p || q) is infinite).
+
+    Since k3 = k1 + (r - 1), Var[k3] - Var[k1] = Var_p[r] - 2 Cov_p(r, log r), where
+    Var_p[r] = chi^2(q || p): k3 has the *larger* variance exactly when the spread of the
+    ratio r = q/p outweighs twice its covariance with log r, as happens when q/p is far from 1
+    (notebooks/18_rlhf_ppo works out when).
+    """
+    _check_same_shape(logp=logp, logq=logq)
+    _check_categorical(logp, "logp")
+    _check_categorical(logq, "logq")
+    p = logp.exp()
+    support = p > 0
+    if not bool(torch.isfinite(torch.where(support, logq, torch.zeros_like(logq))).all()):
+        raise ValueError("logq must be finite wherever p > 0 (q = 0 there makes KL(p || q) infinite)")
+    zero = torch.zeros_like(logp)
+    est = kl_estimators(torch.where(support, logp, zero), torch.where(support, logq, zero))  # 0 off the support
+
+    def variance(k: Tensor) -> Tensor:
+        mean = (p * k).sum(dim=-1, keepdim=True)
+        return (p * (k - mean) ** 2).sum(dim=-1)
+
+    return KLEstimates(*(variance(k) for k in est))
+
+
+def kl_estimator_loss_gradients(logits: Tensor, logq: Tensor) -> KLEstimates:
+    """What the gradient of each KL estimator estimates when it is used as a loss: three (..., K).
+
+    p = softmax(``logits``) is the policy (K outcomes in the last dimension) and ``logq``
+    (same shape; log-probabilities, finite) the reference. In practice an estimator k(x) is
+    averaged over samples x ~ p and differentiated with the samples held fixed, through
+    log p(x) only. The expected gradient of that loss is
+
+        E_{x ~ p}[ d k(x) / d logits ] = sum_x p(x) d k(x) / d logits,
+
+    computed here exactly, by autograd of sum_x stopgrad(p(x)) k(x). The results (derived
+    in notebooks/18_rlhf_ppo): k1 gives 0 (the score function has mean 0), k2 gives the
+    gradient of KL(p || q), and k3 the gradient of KL(q || p), which in logit space is p - q.
+    Differentiating with respect to the logits of a softmax means each result sums to 0
+    over the outcomes.
+    """
+    _check_same_shape(logits=logits, logq=logq)
+    check_finite(logits, "logits")
+    _check_categorical(logq, "logq")
+    check_finite(logq, "logq")
+    with torch.enable_grad():
+        z = logits.detach().clone().requires_grad_(True)
+        logp = torch.log_softmax(z, dim=-1)  # (..., K)
+        weight = logp.detach().exp()  # the sampling distribution: not differentiated
+        est = kl_estimators(logp, logq.detach())
+        grads = [torch.autograd.grad((weight * k).sum(), z, retain_graph=True)[0] for k in est]
+    return KLEstimates(*grads)
 
 
 # ---------------------------------------------------------------- GRPO (chapter 20)

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from llmbook.alignment.logprobs import (
     _check_mask,
+    _check_prompt_response,
     masked_mean,
     response_outputs,
     token_entropy,
@@ -60,6 +61,7 @@ from llmbook.alignment.preferences import (
     sample_responses,
 )
 from llmbook.alignment.shipped import load_artifact, register
+from llmbook.inference.kvcache import KVCache
 from llmbook.transformer.model import TransformerLM
 from llmbook.validation import (
     check_finite,
@@ -83,6 +85,7 @@ __all__ = [
     "response_logits",
     "response_values",
     "rollout",
+    "sampler_logprobs",
     "train_ppo",
     "whiten",
 ]
@@ -242,6 +245,35 @@ def distinct_token_fraction(response_ids: Tensor) -> Tensor:
         raise ValueError("response_ids must hold at least one token per row")
     counts = torch.tensor([len(set(row)) for row in response_ids.tolist()], dtype=torch.float64)
     return (counts / R).to(torch.get_default_dtype())
+
+
+@torch.no_grad()
+def sampler_logprobs(model: TransformerLM, prompt_ids: Tensor, response_ids: Tensor) -> Tensor:
+    """log pi(y_t | x, y_<t) as the sampler computes it, with a KV cache: (B, P), (B, R) -> (B, R).
+
+    The way :func:`~llmbook.inference.sampling.generate` runs the model: the prompt once (the
+    prefill), whose last logits give y_0's distribution, then each response token alone,
+    attending to the cached keys and values of all before it. PPO's ratio pi / pi_old needs
+    the log-probabilities of the distribution the tokens were *drawn* from; the rollout
+    records them by one teacher-forced pass over [x; y] (:func:`response_logits`), a
+    different computation (a full causal mask instead of a growing cache). The two agree
+    to float round-off exactly when the recorded pi_old is the sampling distribution, so
+    the first PPO step starts at ratio 1: the check in notebooks/18_rlhf_ppo.
+    """
+    if not isinstance(model, TransformerLM):
+        raise TypeError(f"model must be a TransformerLM (it decodes with the book's KV cache), got "
+                        f"{type(model).__name__}")
+    B, P, R = _check_prompt_response(prompt_ids, response_ids)
+    _check_fits(model, P, R)
+    cache = KVCache.for_model(model, B, P + R)
+    logits = model(prompt_ids, cache=cache)[:, -1]  # (B, V): predicts y_0
+    out = []
+    for t in range(R):
+        y_t = response_ids[:, t]
+        out.append(torch.log_softmax(logits, dim=-1).gather(1, y_t[:, None].long())[:, 0])  # (B,)
+        if t + 1 < R:
+            logits = model(y_t[:, None].to(prompt_ids.dtype), cache=cache)[:, -1]  # predicts y_{t+1}
+    return torch.stack(out, dim=1)  # (B, R)
 
 
 # ---------------------------------------------------------------- rollout

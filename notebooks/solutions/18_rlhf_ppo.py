@@ -12,7 +12,7 @@ import sympy as sp
 import torch
 from torch import Tensor
 
-from llmbook.alignment.losses import ppo_policy_loss
+from llmbook.alignment.losses import kl_estimator_variances, ppo_policy_loss
 from llmbook.alignment.policy_gradient import exact_policy_gradient, kl_estimator_moments
 
 # ---------------------------------------------------------------- exercise 1
@@ -142,6 +142,35 @@ def bandit_ppo(ref_logits: Tensor, rewards: Tensor, beta: float, generator: torc
 def kl_regularised_optimum(ref_logits: Tensor, rewards: Tensor, beta: float) -> Tensor:
     """pi* = softmax(theta_ref + r / beta), the maximiser of E_pi[r] - beta KL(pi || pi_ref)."""
     return torch.softmax(ref_logits + rewards / beta, 0)
+
+
+# ---------------------------------------------------------------- exercise 5
+
+
+def k3_variance_gap(eps: float, q_other: float = 0.5) -> float:
+    """Var[k3] - Var[k1] for p = (1 - eps, eps) and q = (1 - q_other, q_other), exactly."""
+    logp = torch.tensor([1 - eps, eps], dtype=torch.float64).log()
+    logq = torch.tensor([1 - q_other, q_other], dtype=torch.float64).log()
+    var = kl_estimator_variances(logp, logq)
+    return float(var.k3 - var.k1)
+
+
+def k3_variance_crossover(q_other: float = 0.5, iterations: int = 200) -> float:
+    """The eps* below which k3 spreads more than k1, for p = (1 - eps, eps), q = (1 - q_other, q_other).
+
+    For two outcomes Var[k3] / Var[k1] = (L - 1)^2 with L the logarithmic mean of the two
+    ratios (notebooks/18_rlhf_ppo, 18.3): the gap is positive for small eps (L large: the
+    policy all but rules out an outcome the reference gives q_other) and negative as eps
+    approaches q_other (L -> 1). Bisection on the exact gap between the two.
+    """
+    lo, hi = 1e-12, q_other * (1 - 1e-9)  # gap > 0 at lo, < 0 at hi
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        if k3_variance_gap(mid, q_other) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
 
 
 if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
