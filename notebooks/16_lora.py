@@ -9,7 +9,8 @@
 #
 # 1. **derives** the update $\Delta W = \frac{\alpha}{r} BA$: with $B = 0$ the model is
 #    unchanged, $\Delta W$ has rank at most $r$, and it costs $r(d_{in}+d_{out})$ parameters;
-#    SymPy works out how much training memory that saves with AdamW;
+#    SymPy works out how much training memory that saves with mixed-precision AdamW, and a
+#    real training step measures it;
 # 2. **verifies** `llmbook.alignment.lora`: zero-initialised adapters leave the book's text
 #    model bit-for-bit unchanged, merging and unmerging are exact to round-off, and the layer
 #    matches Hugging Face `peft` on a Llama model;
@@ -17,7 +18,10 @@
 #    fine-tuning and with LoRA, and looks at the singular values of what full fine-tuning
 #    changed;
 # 4. works out the memory of QLoRA, LoRA on a base model stored in 4-bit NF4 (chapter 15),
-#    and trains it: adapters on the book's model rounded to NF4.
+#    and trains it: adapters on the book's model rounded to NF4;
+# 5. derives three refinements practitioners use, rsLoRA's scaling $\alpha/\sqrt r$, LoRA+'s
+#    larger learning rate for $B$, and DoRA's split into magnitude and direction, and checks
+#    each against `peft`.
 
 # %%
 import copy
@@ -28,7 +32,10 @@ import sympy as sp
 import torch
 from IPython.display import display
 from peft import LoraConfig, get_peft_model
+from peft.optimizers import create_loraplus_optimizer
+from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from llmbook.alignment.lora import (
     LoRALinear,
@@ -37,13 +44,20 @@ from llmbook.alignment.lora import (
     count_trainable_parameters,
     lora_memory_ratio_symbolic,
     lora_parameter_count,
+    lora_scaling,
     lora_state_dict,
+    loraplus_param_groups,
     merge_lora,
     quantize_frozen_nf4,
     unmerge_lora,
 )
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
 from llmbook.text.corpus import load_stdlib_docs
+from llmbook.training.memory import (
+    MasterWeightOptimizer,
+    mixed_precision_bytes_symbolic,
+    training_state_bytes,
+)
 from llmbook.training.pretrained import book_model
 from llmbook.training.train import TrainConfig, evaluate, train
 from llmbook.transformer.hf_loading import from_hf, randomize_parameters_
@@ -110,31 +124,64 @@ display(sp.Eq(sp.Symbol(r"\partial\mathcal{L}/\partial A|_{B=0}"), dA.subs({b: 0
 # %% [markdown]
 # **What it saves.** An adapter has $r(d_{in}+d_{out})$ parameters. On a $4096\times 4096$
 # projection of a 7B Llama with $r = 8$ that is 65 536 against 16 777 216, 0.39 %. Memory
-# saves less than that: with AdamW, a trained number keeps its weight, gradient and two
-# moments (4 numbers), a frozen one only its weight (1 number). For one matrix the ratio of
-# LoRA's training memory to full fine-tuning's is
+# saves less than that. Large models are fine-tuned in mixed precision (chapter 10): a
+# trained parameter keeps a 16-bit weight and gradient, a float32 master copy of the weight
+# and AdamW's two float32 moments, $t = 2 + 2 + 4 + 4 + 4 = 16$ bytes; a frozen one keeps only
+# its 16-bit weight, $f = 2$ bytes. For one matrix the ratio of LoRA's training memory to full
+# fine-tuning's is
 #
-# $$ \rho = \frac{d_{in}d_{out} + 4r(d_{in}+d_{out})}{4\,d_{in}d_{out}} , $$
+# $$ \rho = \frac{f\,d_{in}d_{out} + t\,r(d_{in}+d_{out})}{t\,d_{in}d_{out}} , $$
 #
-# which tends to $1/4$ for large matrices: the frozen weights themselves remain. That floor is
-# what QLoRA lowers (section 16.5).
+# which tends to $f/t = 1/8$ for large matrices: the frozen weights themselves remain. (Plain
+# float32 training also keeps $t = 16$ bytes per trained parameter, but $f = 4$ per frozen one:
+# the floor is then $1/4$.) That floor is what QLoRA lowers (section 16.5). Chapter 10
+# derived $t$ from the bits of each copy:
 
 # %%
-rho = lora_memory_ratio_symbolic()
+t_bytes = mixed_precision_bytes_symbolic()["total"]  # chapter 10: 16-bit weight and gradient, fp32 master, m, v
+rho = lora_memory_ratio_symbolic(trainable_bytes=t_bytes, frozen_bytes=2)
 d_in, d_out, r, d = sp.symbols("d_in d_out r d", positive=True, integer=True)
-assert sp.simplify(rho - (d_in * d_out + 4 * r * (d_in + d_out)) / (4 * d_in * d_out)) == 0
 limit = sp.limit(rho.subs({d_in: d, d_out: d}), d, sp.oo)
-assert limit == sp.Rational(1, 4)
-display(sp.Eq(sp.Symbol(r"\rho"), rho), sp.Eq(sp.Symbol(r"\lim_{d\to\infty}\rho(d, d, r)"), limit))
+display(sp.Eq(sp.Symbol("t"), t_bytes), sp.Eq(sp.Symbol(r"\rho"), sp.factor(rho)),
+        sp.Eq(sp.Symbol(r"\lim_{d\to\infty}\rho(d, d, r)"), limit))
+rho_7b = rho.subs({d_in: 4096, d_out: 4096, r: 8})
 print("q_proj of a 7B Llama, r = 8:", lora_parameter_count(4096, 4096, 8), "vs", 4096 * 4096,
-      " rho =", rho.subs({d_in: 4096, d_out: 4096, r: 8}))
+      f" rho = {rho_7b} = {float(rho_7b):.4f}")
+
+# %% [markdown]
+# The formula is a count; a training step can be measured. Chapter 10's
+# `MasterWeightOptimizer` runs mixed-precision AdamW on a bfloat16 layer, and
+# `training_state_bytes` adds up the bytes of every tensor the step leaves behind (weights,
+# gradients, master copies, moments; Adam's one step counter per tensor is left out). A
+# non-square $96 \to 40$ layer, fully trained and with a rank-4 adapter:
+
+# %%
+def measured_state_bytes(layer):
+    """Bytes held after one mixed-precision AdamW step, tensor by tensor (no step counters)."""
+    opt = MasterWeightOptimizer(layer.parameters(), lambda ps: torch.optim.AdamW(ps, lr=1e-3))
+    x = torch.randn(4, 96, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    layer(x).float().pow(2).mean().backward()
+    opt.step()
+    state = training_state_bytes(layer, opt.optimizer, opt.masters)
+    return state["total"] - state["optimizer (scalars)"]
+
+
+full_bytes = measured_state_bytes(nn.Linear(96, 40, bias=False, dtype=torch.bfloat16))
+lora_bytes = measured_state_bytes(LoRALinear(nn.Linear(96, 40, bias=False, dtype=torch.bfloat16),
+                                             r=4, alpha=8))
+checks = Checks("memory: the formula against a measured training step (96 → 40, r = 4, bfloat16)")
+checks.equal("full fine-tuning, bytes per parameter: t", t_bytes, sp.Rational(full_bytes, 96 * 40))
+checks.equal("ρ(96, 40, 4) = LoRA's bytes / full fine-tuning's", rho.subs({d_in: 96, d_out: 40, r: 4}),
+             sp.Rational(lora_bytes, full_bytes))
+checks
 
 # %% [markdown]
 # The package's layer wraps a frozen `nn.Linear`. Its forward pass never forms $\Delta W$:
 # it computes $x A^\top$ (width $r$) and then $(\cdot) B^\top$, which costs
 # $r(d_{in}+d_{out})$ multiplications per token instead of $d_{in}d_{out}$. `merge` adds
 # $\Delta W$ into the base weight after training, so that inference costs exactly what the
-# base model costs; `unmerge` takes it out again.
+# base model costs; `unmerge` takes it out again. (The options `use_rslora` and `use_dora`
+# are section 16.6's.)
 
 # %%
 show_source(LoRALinear)
@@ -374,30 +421,34 @@ n_adapter = L * 2 * lora_parameter_count(dm, dm, 8)  # r = 8 on q_proj and v_pro
 print(f"LLaMA-7B: {n_llama:,} parameters; LoRA r=8 on q, v: {n_adapter:,} ({n_adapter / n_llama:.3%})")
 
 # %% [markdown]
-# The memory of the training state (weights, gradients, AdamW's two moments; activations come
-# on top and depend on batch and sequence length), counting every number in 16 bits (2 bytes),
-# and the frozen weights of QLoRA at 4 bits (0.5 bytes; NF4's block constants add about 0.5
-# bit per weight, or 0.127 with QLoRA's double quantisation, not counted here):
+# The memory of the training state (weights, gradients, master weights and AdamW's two
+# moments; activations come on top and depend on batch and sequence length), in mixed
+# precision as in section 16.1: $t = 16$ bytes per trained parameter, 2 per frozen 16-bit
+# weight, and for QLoRA's frozen weights 4 bits (0.5 bytes; NF4's block constants add about
+# 0.5 bit per weight, or 0.127 with QLoRA's double quantisation, not counted here):
 #
-# * full fine-tuning: $4 \cdot 2\,N$ bytes;
-# * LoRA: $2\,N + 4\cdot 2\,N_{\text{adapter}}$;
-# * QLoRA: $0.5\,N + 4\cdot 2\,N_{\text{adapter}}$.
+# * full fine-tuning: $16\,N$ bytes;
+# * LoRA: $2\,N + 16\,N_{\text{adapter}}$;
+# * QLoRA: $0.5\,N + 16\,N_{\text{adapter}}$.
 
 # %%
-memory = {"full fine-tuning": adamw_training_memory(n_llama, 0, 2),
-          "LoRA, 16-bit base": adamw_training_memory(n_adapter, n_llama, 2),
-          "QLoRA, NF4 base": adamw_training_memory(n_adapter, n_llama, 2, frozen_bytes_per_param=0.5)}
+memory = {"full fine-tuning": adamw_training_memory(n_llama, 0),
+          "LoRA, 16-bit base": adamw_training_memory(n_adapter, n_llama),
+          "QLoRA, NF4 base": adamw_training_memory(n_adapter, n_llama, frozen_bytes=0.5)}
 print(f"{'':18s} {'bytes':>15s} {'GiB':>7s}")
 for name, mem in memory.items():
     print(f"{name:18s} {int(mem['total']):15,d} {mem['total'] / 2**30:7.2f}")
-assert memory["QLoRA, NF4 base"]["total"] == n_llama / 2 + 8 * n_adapter
+print(f"adapter state (trained parameters only): {int(t_bytes) * n_adapter / 2**20:.0f} MiB")
+assert memory["full fine-tuning"]["total"] == int(t_bytes) * n_llama  # chapter 10: 16 bytes per parameter
+assert memory["QLoRA, NF4 base"]["total"] == n_llama / 2 + int(t_bytes) * n_adapter
 
 # %% [markdown]
-# Full fine-tuning of a 7B model needs about 50 GiB for the training state alone; LoRA brings
-# that to the 12.55 GiB of the frozen 16-bit weights plus 32 MiB of adapter state, and QLoRA to
-# about 3.2 GiB: small enough, with activations, for one consumer GPU. (In practice the AdamW
-# moments are often kept in float32, which changes the full fine-tuning figure a lot and the
-# LoRA ones hardly at all.)
+# Full fine-tuning of a 7B model needs about 100 GiB for the training state alone, twelve of
+# every sixteen bytes in the float32 master weights and moments that mixed precision cannot do
+# without (chapter 10: a 16-bit weight rounds small updates away). LoRA brings that to the
+# 12.55 GiB of the frozen 16-bit weights plus 64 MiB of adapter state, and QLoRA to about
+# 3.2 GiB: small enough, with activations, for one consumer GPU. The float32 copies weigh on
+# full fine-tuning alone, since LoRA keeps them only for its few trained parameters.
 #
 # **Training on a 4-bit base.** Memory is only half of the claim; the other half is that
 # the adapters learn as well on the rounded base. `quantize_frozen_nf4` rounds every linear
@@ -433,21 +484,292 @@ checks
 # adapters also learn to compensate for part of the rounding error, since they see its
 # effect in every gradient. This is Dettmers et al.'s finding at 7–65B parameters (their
 # section 4: 4-bit QLoRA matches 16-bit LoRA and full fine-tuning), seen here at 2M.
+
+# %% [markdown]
+# ## 16.6 Three refinements: rsLoRA, LoRA+ and DoRA
 #
+# LoRA's recipe, the factor $\alpha/r$, one learning rate for $A$ and $B$, and a plain sum
+# $W + \Delta W$, has been revised since. Three revisions are now options of `peft` and of
+# the book's `LoRALinear`; each follows from a short argument.
+#
+# **rsLoRA: the scaling $\gamma_r$.** Write $\gamma_r$ for the factor in front of $BA$.
+# Take one step of plain gradient descent, of size $\eta$, from $B = 0$ on a loss whose
+# gradient at the layer's output is $g$. Section 16.1 found $\partial\mathcal L/\partial B = \gamma_r\, g\,(Ax)^\top$
+# and $\partial\mathcal L/\partial A = 0$, so the step sets $B_1 = -\eta\gamma_r\, g\,(Ax)^\top$
+# and changes the output by
+#
+# $$ \Delta h = \gamma_r B_1 A x = -\eta\,\gamma_r^2\,\lVert Ax\rVert^2\, g . $$
+#
+# $A$ has $r$ rows of independent entries of variance $\sigma_A^2$, so
+# $\mathbb E\lVert Ax\rVert^2 = r\,\sigma_A^2\lVert x\rVert^2$ grows like $r$, and the first
+# step moves the output by an amount proportional to $\gamma_r^2\, r$. With Hu et al.'s
+# $\gamma_r = \alpha/r$ that is $\alpha^2/r$: the larger the rank, the less a step at a given
+# learning rate does, so a higher rank learns more slowly instead of better. With
+# $\gamma_r = \alpha/\sqrt r$ it is $\alpha^2$ at every rank. Kalajdzievski (2023, "A Rank
+# Stabilization Scaling Factor for Fine-Tuning with LoRA") proves the general statement in
+# the limit of large rank: $\gamma_r \propto 1/\sqrt r$ is the scaling under which neither
+# the adapter's outputs nor its gradients vanish or blow up as $r$ grows. (The one-step
+# argument is for plain gradient descent. Adam moves every entry of $B$ by about $\eta$
+# whatever the gradient's size, so its first step is $\gamma_r\eta\lVert Ax\rVert_1$ in size,
+# which grows like $\gamma_r r$; what happens over a whole run with Adam is what the paper's
+# experiments measure.)
+# SymPy checks the step on section 16.1's small layer and takes the expectation for `peft`'s
+# initialisation of $A$, uniform on $\pm 1/\sqrt{d_{in}}$:
+
+# %%
+eta = sp.Symbol("eta", positive=True)
+B1 = -eta * dB.subs({b: 0 for b in B})  # one gradient step from B = 0
+step = (h.subs(dict(zip(B, B1, strict=True))) - W * x).applyfunc(sp.simplify)
+assert sp.simplify(step + eta * (alpha / r_) ** 2 * (A * x).dot(A * x) * gvec) == sp.zeros(3, 1)
+u, c, n_in, x2 = sp.symbols("u c d_in ||x||^2", positive=True)
+var_A = sp.integrate(u**2 / (2 * c), (u, -c, c)).subs(c, 1 / sp.sqrt(n_in))  # 1 / (3 d_in)
+expected_Ax2 = r_ * var_A * x2  # r rows, each a sum of d_in independent terms
+for name, gamma in [("alpha/r", alpha / r_), ("alpha/sqrt(r)", alpha / sp.sqrt(r_))]:
+    size = sp.simplify(eta * gamma**2 * expected_Ax2)
+    print(f"gamma = {name:14s} E|Δh| / |g| = {size}   as r → ∞: {sp.limit(size, r_, sp.oo)}")
+
+# %% [markdown]
+# The same on a real layer ($256 \to 192$, non-square): one step on $B$ at $\eta = 0.01$ for
+# ranks from 1 to 192, each averaged over 32 draws of $A$, with both scalings at
+# $\alpha = 8$; the prediction is $\eta\gamma_r^2\, r\lVert x\rVert^2\lVert g\rVert/(3 d_{in})$.
+
+# %%
+x_in = torch.randn(256, generator=torch.Generator().manual_seed(1), dtype=f64)
+g_out = torch.randn(192, generator=torch.Generator().manual_seed(2), dtype=f64)
+
+
+def first_step(r, use_rslora, seed, lr=0.01):
+    """|Δh| after one SGD step on B from B = 0, and its distance from -η γ² |Ax|² g."""
+    layer = LoRALinear(nn.Linear(256, 192, dtype=f64), r, 8.0, use_rslora=use_rslora,
+                       generator=torch.Generator().manual_seed(seed))
+    h0 = layer(x_in)
+    (g_out @ h0).backward()
+    with torch.no_grad():
+        layer.lora_B -= lr * layer.lora_B.grad
+        dh = layer(x_in) - h0
+        exact = -lr * layer.scaling**2 * (layer.lora_A @ x_in).pow(2).sum() * g_out
+    return float(dh.norm()), float((dh - exact).abs().max())
+
+
+ranks = (1, 4, 16, 64, 192)
+step_size, worst = {}, 0.0
+for rs in (False, True):
+    for rank in ranks:
+        runs = [first_step(rank, rs, seed) for seed in range(100, 132)]  # A's seeds: not x's or g's
+        step_size[rs, rank] = sum(s for s, _ in runs) / len(runs)
+        worst = max(worst, *(e for _, e in runs))
+print(f"{'r':>4s} {'α/r: |Δh|':>10s} {'predicted':>10s} {'α/√r: |Δh|':>11s} {'predicted':>10s}")
+for rank in ranks:
+    pred = [0.01 * lora_scaling(rank, 8.0, rs) ** 2 * rank * float(x_in @ x_in) / (3 * 256)
+            * float(g_out.norm()) for rs in (False, True)]
+    print(f"{rank:4d} {step_size[False, rank]:10.3g} {pred[0]:10.3g} {step_size[True, rank]:11.3g} {pred[1]:10.3g}")
+
+# %%
+rs_sizes = [step_size[True, rank] for rank in ranks]
+checks = Checks("rsLoRA: the first step's size against the rank")
+checks.true("Δh = -η γ² |Ax|² g in every run (max difference < 1e-12)", worst < 1e-12)
+checks.true("α/r: the step shrinks > 50-fold from r = 1 to r = 192",
+            step_size[False, 1] > 50 * step_size[False, 192])
+checks.true("α/√r: largest / smallest step over the ranks < 1.5", max(rs_sizes) < 1.5 * min(rs_sizes))
+checks
+
+# %% [markdown]
+# The measured steps follow the prediction: with $\alpha/r$ the first step at rank 192 does
+# a couple of hundred times less than at rank 1; with $\alpha/\sqrt r$ it is about the same at
+# every rank (the remaining spread at small $r$ is the randomness of $A$: $\lVert Ax\rVert^2$
+# is a sum of only $r$ terms). Only the factor changes: `use_rslora=True` in `peft` and
+# here, and the two agree (the checks at the end of this section).
+#
+# **LoRA+: one learning rate is not enough.** Once $B \ne 0$ both factors train. By the
+# gradients of section 16.1, a step of size $\eta_A$ on $A$ lowers the loss, to first order,
+# by $\eta_A\lVert\partial\mathcal L/\partial A\rVert^2$ and a step on $B$ by
+# $\eta_B\lVert\partial\mathcal L/\partial B\rVert^2$, where
+#
+# $$ \Big\lVert\frac{\partial\mathcal L}{\partial A}\Big\rVert^2
+#    = \gamma_r^2\,\lVert B^\top g\rVert^2\,\lVert x\rVert^2 , \qquad
+#    \Big\lVert\frac{\partial\mathcal L}{\partial B}\Big\rVert^2
+#    = \gamma_r^2\,\lVert g\rVert^2\,\lVert Ax\rVert^2 . $$
+#
+# An input with entries of order one has $\lVert x\rVert^2 \approx d_{in}$, while
+# $\lVert Ax\rVert^2 \approx r\lVert x\rVert^2/(3d_{in}) \approx r/3$ does not grow with the
+# width. At one learning rate for both, $A$'s steps therefore weigh about $d_{in}$ times more
+# than $B$'s, and as the model grows $B$ falls behind. (With Adam, whose steps are about
+# $\eta$ in every entry, the first-order decrease is $\eta\lVert\nabla\rVert_1$ instead, and
+# the same count gives the same factor.) Hayou, Ghosh and Yu (2024, "LoRA+: Efficient Low
+# Rank Adaptation of Large Models") make this precise in the limit of large width and conclude
+# that $\eta_B/\eta_A$ must grow with it; in practice one sets $\eta_B = \lambda\,\eta_A$ with a
+# fixed ratio $\lambda$ well above one. SymPy checks both norms on the small layer, and a
+# layer of growing input width measures the ratio (32 draws of $A$ and $x$ for each width,
+# the same $B$ and $g$):
+
+# %%
+for grad, expected in [(dA, (alpha / r_) ** 2 * (B.T * gvec).dot(B.T * gvec) * x.dot(x)),
+                       (dB, (alpha / r_) ** 2 * gvec.dot(gvec) * (A * x).dot(A * x))]:
+    assert sp.expand(sum(e**2 for e in grad) - expected) == 0  # the squared norms above
+B_fixed = torch.randn(32, 8, generator=torch.Generator().manual_seed(3), dtype=f64) / 8**0.5
+
+
+def grad_norms(d_in, seed):
+    """|∂L/∂A|², |∂L/∂B|² for L = g·h on a d_in → 32 layer, r = 8, with the fixed B."""
+    gen_ = torch.Generator().manual_seed(seed)
+    layer = LoRALinear(nn.Linear(d_in, 32, dtype=f64), 8, 16.0, generator=gen_)
+    with torch.no_grad():
+        layer.lora_B.copy_(B_fixed)
+    x_ = torch.randn(d_in, generator=gen_, dtype=f64)
+    (torch.ones(32, dtype=f64) @ layer(x_)).backward()
+    return float(layer.lora_A.grad.pow(2).sum()), float(layer.lora_B.grad.pow(2).sum())
+
+
+widths = (64, 256, 1024)
+ratio = {}
+for w in widths:
+    norms = [grad_norms(w, seed) for seed in range(100, 132)]
+    ratio[w] = sum(a for a, _ in norms) / sum(b for _, b in norms)
+    print(f"d_in = {w:4d} ({w // 64:2d}× the narrowest): |∂L/∂A|² / |∂L/∂B|² = {ratio[w]:6.1f}, "
+          f"{ratio[w] / ratio[64]:4.1f}× the narrowest's")
+
+# %%
+checks = Checks("LoRA+: A's gradient outgrows B's with the input width")
+checks.true("16× the width: the ratio grows 12× to 20×", 12 < ratio[1024] / ratio[64] < 20)
+checks.true("4× the width: the ratio grows 3× to 5×", 3 < ratio[256] / ratio[64] < 5)
+checks
+
+# %% [markdown]
+# The ratio grows in proportion to $d_{in}$, as derived. `loraplus_param_groups(model, lr,
+# lr_ratio)` builds the two optimizer groups: the $A$ matrices at $\eta$, the $B$ matrices
+# (and any trained vector, such as DoRA's magnitudes below) at $\lambda\eta$, the grouping of
+# `peft`'s `create_loraplus_optimizer`.
+#
+# **DoRA: magnitude and direction.** Liu et al. (2024, "DoRA: Weight-Decomposed Low-Rank
+# Adaptation") split each output unit's weight vector $w_j$ (a row of the $d_{out}\times d_{in}$
+# matrix) into a length $m_j$ and a direction, and let LoRA change only the direction:
+#
+# $$ W' = \operatorname{diag}\!\Big(\frac{m}{\lVert V\rVert}\Big)\, V, \qquad
+#    V = W + \gamma_r BA, \qquad m \text{ trained, initialised to } \lVert W\rVert , $$
+#
+# with the norms taken row by row, so that $W' = W$ at the start. (The paper writes the weight
+# as $d_{in}\times d_{out}$ and calls these column norms; `peft` computes them over `dim=1` of
+# the `(d_out, d_in)` weight, one per output unit, and so does the book.) The derivative of
+# $m\,v/\lVert v\rVert$ with respect to $v$ is
+# $\frac{m}{\lVert v\rVert}\big(I - \frac{vv^\top}{\lVert v\rVert^2}\big)$: it removes the part
+# of the gradient along $v$, since lengthening $v$ does not change $W'$. DoRA drops that
+# projection: its section 4.3 treats $\lVert V\rVert$ as a constant in the backward pass, which
+# saves the memory of differentiating through the norm. `peft` does the same
+# (`weight_norm.detach()`), and so does the book's layer. SymPy derives the Jacobian for
+# $d_{in} = 3$:
+
+# %%
+v = sp.Matrix(sp.symbols("v0:3", real=True))
+m_ = sp.Symbol("m", positive=True)
+norm_v = sp.sqrt(v.dot(v))
+J = (m_ * v / norm_v).jacobian(v)
+assert sp.simplify(J - m_ / norm_v * (sp.eye(3) - v * v.T / norm_v**2)) == sp.zeros(3, 3)
+assert sp.simplify(J * v) == sp.zeros(3, 1)  # lengthening v leaves W' unchanged
+print("d(m v/|v|)/dv = (m/|v|) (I - v v^T/|v|^2), and it maps v to 0: verified")
+
+# %% [markdown]
+# **The peer.** The tiny Llama of section 16.2, now with `use_rslora=True` and
+# `use_dora=True` in `peft` and in `apply_lora`. After copying `peft`'s adapters (with a
+# non-zero $B$ and magnitudes moved off their initial values, so that $m/\lVert V\rVert \ne 1$)
+# into the book's model, the logits, the gradients of $A$, $B$ and $m$, three steps of AdamW
+# with LoRA+'s groups ($\lambda = 8$) against `create_loraplus_optimizer`, and the merged
+# weights must agree. Adam divides each gradient by its own running size, so a gradient near
+# zero that differs by round-off can move a weight by a whole step: for this comparison
+# Hugging Face's RMSNorm computes in float64 instead of rounding through float32 (the patch
+# the tests use), and the two models then agree to float64 round-off.
+
+# %%
+def rms_norm_float64(self, hidden):
+    """LlamaRMSNorm without its cast to float32."""
+    return self.weight * hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+
+
+def peft_pair(**options):
+    """The tiny Llama wrapped by peft with ``options``, the book's copy with the same adapters."""
+    torch.manual_seed(0)
+    hf_ = LlamaForCausalLM(cfg)
+    randomize_parameters_(hf_, 0.1, torch.Generator().manual_seed(1))
+    hf_ = hf_.double().eval()
+    ours_ = apply_lora(from_hf(hf_).eval(), ["q_proj", "v_proj"], r=4, alpha=8, **options)
+    pm_ = get_peft_model(hf_, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], **options))
+    mine = dict(ours_.named_parameters())
+    pairs_, gen_ = [], torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in pm_.named_parameters():
+            if "lora_" not in name:
+                continue
+            if "magnitude" in name:  # m away from |V|, so that m / |V| != 1
+                p.mul_(1 + 0.2 * torch.randn(p.shape, generator=gen_, dtype=f64))
+            if "lora_B" in name:
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen_, dtype=f64))
+            key = ("blocks." + name.split("layers.")[1].replace("self_attn.", "attn.")
+                   .replace("lora_magnitude_vector", "lora_magnitude").removesuffix(".default.weight"))
+            mine[key].copy_(p)
+            pairs_.append((p, mine[key]))
+    return pm_, ours_, pairs_
+
+
+rms_norm_hf = LlamaRMSNorm.forward
+LlamaRMSNorm.forward = rms_norm_float64  # undone at the end of the comparison
+pm_d, ours_d, pairs_d = peft_pair(use_rslora=True, use_dora=True)
+n_trainable_hf = pm_d.get_nb_trainable_parameters()[0]
+logits_hf, logits_ours = pm_d(input_ids=ids_hf).logits, ours_d(ids_hf)
+for logits in (logits_hf, logits_ours):  # the same loss on each model's logits
+    logits.sum().backward()
+
+# %%
+opt_hf = create_loraplus_optimizer(pm_d, torch.optim.AdamW, lr=2e-3, loraplus_lr_ratio=8.0)
+opt_ours = torch.optim.AdamW(loraplus_param_groups(ours_d, lr=2e-3, lr_ratio=8.0))
+lr_of = [{id(p): grp["lr"] for grp in opt.param_groups for p in grp["params"]} for opt in (opt_hf, opt_ours)]
+grad_err = max(float((a.grad - b.grad).abs().max()) for a, b in pairs_d)
+target_hf = torch.randint(0, 50, ids_hf.shape, generator=torch.Generator().manual_seed(6))
+for _ in range(3):
+    for opt, model_fn in ((opt_hf, lambda: pm_d(input_ids=ids_hf).logits), (opt_ours, lambda: ours_d(ids_hf))):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model_fn().flatten(0, 1), target_hf.flatten()).backward()
+        opt.step()
+scaling_hf = pm_d.base_model.model.model.layers[0].self_attn.q_proj.scaling["default"]
+with torch.no_grad():
+    step_err = max(float((a - b).abs().max()) for a, b in pairs_d)
+    merged_d = pm_d.merge_and_unload()
+    merge_lora(ours_d)
+    merged_err = float((merged_d(ids_hf).logits - ours_d(ids_hf)).abs().max())
+LlamaRMSNorm.forward = rms_norm_hf
+
+# %%
+checks = Checks("rsLoRA, LoRA+ and DoRA against peft (tiny Llama, float64)")
+checks.equal("rsLoRA scaling α/√r", scaling_hf, ours_d.blocks[0].attn.q_proj.scaling)
+checks.equal("trainable parameters (A, B and m)", n_trainable_hf, count_trainable_parameters(ours_d))
+logit_err = float((logits_hf - logits_ours).detach().abs().max())
+checks.true("DoRA logits: max difference < 1e-12", logit_err < 1e-12)
+checks.true("DoRA gradients of A, B and m: max difference < 1e-12", grad_err < 1e-12)
+checks.equal("LoRA+ learning rate of every adapter tensor", [lr_of[0][id(a)] for a, _ in pairs_d],
+             [lr_of[1][id(b)] for _, b in pairs_d])
+checks.true("adapters after 3 AdamW steps with LoRA+ groups: max difference < 1e-12", step_err < 1e-12)
+checks.true("merged DoRA model's logits: max difference < 1e-12", merged_err < 1e-12)
+checks
+
+# %% [markdown]
 # ## Summary
 #
 # * LoRA freezes $W$ and learns $\Delta W = \frac{\alpha}{r}BA$ with $B = 0$ at the start: the
 #   adapted model begins as the base model, $\Delta W$ has rank at most $r$, and it costs
 #   $r(d_{in}+d_{out})$ parameters. At $B = 0$ only $B$ receives a gradient.
-# * With AdamW its training memory per matrix is
-#   $\frac{d_{in}d_{out} + 4r(d_{in}+d_{out})}{4d_{in}d_{out}}$ of full fine-tuning's, tending
-#   to $1/4$: the frozen weights remain, and QLoRA shrinks them to 4 bits.
+# * With mixed-precision AdamW (16 bytes per trained parameter, 2 per frozen one) its
+#   training memory per matrix is $\frac{2d_{in}d_{out} + 16r(d_{in}+d_{out})}{16d_{in}d_{out}}$
+#   of full fine-tuning's, as a measured training step confirms, tending to $1/8$: the frozen
+#   weights remain, and QLoRA shrinks them to 4 bits.
 # * The book's `LoRALinear` leaves its model bit-for-bit unchanged at initialisation, merges
 #   and unmerges exactly to round-off, and agrees with `peft`.
 # * On the book's model, adapting to unseen XML docstrings, LoRA with 0.6 % of the parameters
 #   recovers part of what full fine-tuning gains; the full update's spectrum is concentrated
 #   in a few directions, with a long tail that a low rank drops. The same adapters trained on
 #   the model rounded to NF4 (QLoRA) reach the same loss as on the full-precision base.
+# * rsLoRA's $\alpha/\sqrt r$ keeps the size of a training step the same at every rank, where
+#   $\alpha/r$ shrinks it like $1/r$; LoRA+ gives $B$ a larger learning rate because $A$'s
+#   gradient grows with the input width and $B$'s does not; DoRA trains a magnitude per output
+#   unit and lets the adapter turn the direction, with the norm held constant in the backward
+#   pass. All three equal `peft`'s `use_rslora`, `create_loraplus_optimizer` and `use_dora`.
 #
 # ## Exercises
 #
@@ -455,8 +777,9 @@ checks
 # `tests/test_solutions_16.py`.
 #
 # 1. (★) **Break-even ranks.** Find, with SymPy, the rank $r$ at which an adapter has as many
-#    parameters as $W$ itself, and the (larger) rank at which LoRA's AdamW training memory
+#    parameters as $W$ itself, and the rank at which LoRA's mixed-precision training memory
 #    $\rho$ reaches full fine-tuning's. Evaluate both for a $4096\times 11008$ MLP matrix.
+#    Which of the two ranks is smaller, and why? How does the answer change in float32?
 # 2. (★★) **The best rank-$r$ adapter.** Write `best_low_rank(delta, r)`, which returns
 #    LoRA factors $B$ ($d_{out}\times r$) and $A$ ($r \times d_{in}$) with $BA$ the truncated
 #    SVD of $\Delta W$, and check the Eckart–Young statement: the squared Frobenius error is

@@ -21,7 +21,9 @@
 #    checks it against autograd and finite differences through a small transformer;
 # 4. **runs** DPO on the preference pairs of chapter 17 from the book's text model (shipped
 #    as artifact `"dpo"`) and measures how well its *implicit reward* tracks the true one;
-# 5. **compares** the result with chapter 18's PPO: reward, KL to the reference, compute.
+# 5. **compares** the result with chapter 18's PPO: reward, KL to the reference, compute;
+# 6. **derives** the family that followed DPO (IPO, KTO, ORPO, SimPO, RLOO) and shows their
+#    losses and gradients on one batch of the same pairs.
 #
 # The code is in `llmbook.alignment.dpo`; the loss itself, `dpo_loss`, is in
 # `llmbook.alignment.losses` (tested against `trl`).
@@ -39,16 +41,25 @@ from llmbook.alignment.dpo import (
     dpo_batch_loss,
     dpo_logprob_gradients,
     expected_dpo_loss,
-    implicit_reward,
     kl_regularized_objective,
     load_dpo_policy,
     log_partition,
     optimal_policy,
+    ppo_compute_to_reward,
     reference_logprobs,
     reward_correlation,
     sequence_logprobs,
 )
 from llmbook.alignment.losses import bradley_terry_loss, dpo_loss
+from llmbook.alignment.preference_losses import (
+    ipo_loss,
+    kto_loss,
+    kto_reference_point,
+    orpo_loss,
+    rloo_advantages,
+    rloo_loss,
+    simpo_loss,
+)
 from llmbook.alignment.preferences import preference_data
 from llmbook.alignment.shipped import load_artifact
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
@@ -467,8 +478,13 @@ checks
 #
 # DPO's policy defines a reward, $\hat r(x, y) = \beta\log\frac{\pi_\theta(y\mid x)}{\pi_{\text{ref}}(y\mid x)}$.
 # How well does it track the true keyword count? The test split has 512 pairs, so 1024
-# responses DPO never trained on. The run stored their implicit rewards; the
-# notebook recomputes the first 256 from the shipped adapters to check them, and correlates
+# responses DPO never trained on. The run stored their implicit rewards, computed by the
+# book's code (`implicit_reward`, through `response_logprobs`). The notebook checks them by
+# a second, independent route on the chosen and rejected responses of the first 128 test
+# pairs: the shipped adapters' and the reference's log-probabilities from PyTorch's own
+# `F.cross_entropy` on the logits, $\hat r = \beta\,(\mathrm{CE}_{\text{ref}} - \mathrm{CE}_\theta)$;
+# and the DPO loss of those pairs, from `dpo_batch_loss`, must be
+# $-\log\sigma(\hat r_w - \hat r_l)$ of the rewards found that way. Then it correlates
 # all 1024 with the true reward (`reward_correlation`: Pearson, and Spearman with average
 # ranks for the many ties of an integer reward).
 
@@ -478,16 +494,35 @@ stored = shipped["test_implicit_reward"]
 prompts2 = torch.cat([test.prompts, test.prompts])
 responses2 = torch.cat([test.chosen, test.rejected])
 true2 = torch.cat([test.reward_chosen, test.reward_rejected])
-recomputed = implicit_reward(policy, reference, prompts2[:256], responses2[:256], recipe["beta"])
 pearson, spearman = reward_correlation(stored, true2)
+# the second route: summed token log-probabilities as minus PyTorch's cross-entropy (float64)
+n_check, m = 128, test.prompts.shape[0]
+pick = torch.cat([torch.arange(n_check), m + torch.arange(n_check)])  # chosen, then rejected
+ids = torch.cat([prompts2[pick], responses2[pick]], dim=1)
+first = test.prompts.shape[1] - 1  # the logits at P - 1 + t score response token t
+with torch.no_grad():
+    nll = {name: torch.nn.functional.cross_entropy(
+               model(ids)[:, first:-1].double().transpose(1, 2), responses2[pick], reduction="none").sum(1)
+           for name, model in (("policy", policy), ("reference", reference))}
+    by_ce = recipe["beta"] * (nll["reference"] - nll["policy"])  # (256,)
+    ref_w, ref_l = reference_logprobs(reference, test.prompts[:n_check], test.chosen[:n_check],
+                                      test.rejected[:n_check])
+    check_batch = dpo_batch_loss(policy, test.prompts[:n_check], test.chosen[:n_check],
+                                 test.rejected[:n_check], ref_w, ref_l, recipe["beta"], reduction="none")
 
 # %%
 t = info["test"]
-m = test.prompts.shape[0]
 untied = test.reward_chosen != test.reward_rejected
 truth_acc = ((test.reward_chosen > test.reward_rejected)[untied]).double().mean()
 checks = Checks("implicit reward on the 1024 test responses")
-checks.true("first 256 recomputed = shipped, to 1e-4", float((stored[:256] - recomputed).abs().max()) < 1e-4)
+# float32 models: the two routes agree to float32 round-off, which differs between CPUs
+max_diff = lambda a, b: float((a.double() - b.double()).abs().max())  # noqa: E731
+checks.true("shipped implicit rewards (256) = beta (CE_ref - CE_policy), to 1e-4",
+            max_diff(by_ce, stored[pick]) < 1e-4)
+checks.true("dpo_batch_loss (128 pairs) = -log sigma(r_w - r_l) from CE, to 1e-4",
+            max_diff(-torch.nn.functional.logsigmoid(by_ce[:n_check] - by_ce[n_check:]), check_batch.loss) < 1e-4)
+checks.true("dpo_batch_loss's rewards = CE's, to 1e-4",
+            max_diff(by_ce, torch.cat([check_batch.chosen_rewards, check_batch.rejected_rewards])) < 1e-4)
 checks.close("Pearson recomputed = the run's", t["pearson"], pearson, tol=1e-6)
 checks.true("Pearson with the true reward > 0.2", pearson > 0.2, got=round(pearson, 2))
 checks.true("Spearman with the true reward > 0.2", spearman > 0.2, got=round(spearman, 2))
@@ -599,11 +634,56 @@ plt.show()
 # also flatters PPO here: chapter 18 gives PPO the true reward, where in practice it would
 # get chapter 17's learned reward model, trained on the same noisy pairs DPO sees.
 #
-# Compute is where DPO wins. It generates nothing: its forward tokens are the reference's
-# pass over the pairs, once, and one forward and backward pass of the policy per pair, and it
-# trains in a third of PPO's wall-clock time. PPO's 430 080 forward tokens include its
-# generation, the reference's and the critic's passes, and 46 080 generated tokens, which
-# on a real model dominate the cost: generation runs token by token.
+#
+# **Compute.** Is DPO at least the cheaper route? Count *token passes*: one token through a
+# forward or a backward pass of one network. DPO's forward passes are the reference's, once
+# over every pair, and the policy's over each batch; its backward passes are the policy's.
+# PPO's, per iteration, are the scoring of its rollouts by policy, reference and critic, and
+# a forward and a backward pass of policy and critic in each of its epochs; it also
+# *generates* its responses, one token at a time. The table counts both runs in full, and
+# PPO up to the first iteration at which its rollout reward (the mean of 8 iterations, to
+# smooth the 32-response batches) reaches DPO's final reward (`ppo_compute_to_reward`;
+# its training seconds pro-rated by iterations, an estimate).
+
+# %%
+show_source(ppo_compute_to_reward)
+
+# %%
+if ppo_info is not None:
+    dpo_c, ppo_c = info["compute"], ppo_info["compute"]
+    matched = ppo_compute_to_reward(ppo_info, info["final"]["reward"], window=8)
+    seq_len = train.prompts.shape[1] + train.chosen.shape[1]
+    dpo_reference_fwd = 2 * recipe["num_pairs"] * seq_len  # the reference's one pass
+    table = {f"DPO, whole run ({dpo_c['steps']} steps)": dpo_c,
+             f"PPO, whole run ({ppo_c['iterations']} iterations)": ppo_c,
+             f"PPO to DPO's reward ({matched['iterations']} iterations)": matched}
+    print(f"{'':36s} {'fwd tokens':>11s} {'bwd tokens':>11s} {'generated':>9s} {'train s':>8s}")
+    for name, c in table.items():
+        print(f"{name:36s} {c['forward_tokens']:11,d} {c['backward_tokens']:11,d} {c['generated_tokens']:9,d} "
+              f"{c['wall_seconds']:8.0f}")
+    print(f"DPO's forward tokens of the reference pass: {dpo_reference_fwd:,} "
+          f"({dpo_reference_fwd / dpo_c['forward_tokens']:.0%})")
+    print(f"PPO reaches DPO's final reward {info['final']['reward']:.2f} at iteration {matched['iterations']} "
+          f"of {ppo_c['iterations']} (8-iteration mean {matched['reward']:.2f}, KL {matched['kl']:.3f} nats; "
+          f"DPO's KL {info['final']['kl']:.2f}, ratio {matched['kl'] / info['final']['kl']:.1f})")
+    print(f"DPO / PPO-to-match: forward tokens {dpo_c['forward_tokens'] / matched['forward_tokens']:.1f} times, "
+          f"backward {dpo_c['backward_tokens'] / matched['backward_tokens']:.1f} times, "
+          f"training seconds {dpo_c['wall_seconds'] / matched['wall_seconds']:.1f} times")
+
+# %% [markdown]
+# Compute is not where DPO wins here. Its whole run passed more tokens through forward
+# passes and more through backward passes than the whole PPO run, and a reader who counts
+# only the policy's passes should note that half of DPO's forward tokens are the reference's
+# pass, which PPO pays too, batch by batch. To *equal reward* the gap widens: PPO matches
+# DPO's final reward after a quarter of its iterations: DPO spent 4.9 times the forward and
+# 4.3 times the backward token passes PPO needed to get there, and more training time,
+# though PPO got there at about twice DPO's KL, and its reward is measured on its own
+# training rollouts where DPO's is measured on the test prompts. What DPO saves is generation: it samples nothing, where PPO had by
+# then generated 11,520 tokens one step at a time. On a large model generation is the
+# dominant cost of an RL step and can tip the balance in DPO's favour; on the book's model,
+# with 24-token responses, sampling is cheap, and PPO's training time above includes it.
+# So the measured case for DPO on this task is simplicity (no sampling, no critic, no reward
+# model) and reward per nat of KL, not compute.
 
 # %%
 dpo_row, ppo_row = rows[1], rows[-1]
@@ -613,8 +693,122 @@ if ppo_info is not None:
     checks.true("PPO reaches a higher reward", ppo_row["reward"] > dpo_row["reward"])
     checks.true("... at a larger KL", ppo_row["kl"] > dpo_row["kl"])
     checks.true("DPO generates no tokens; PPO does", dpo_row["generated_tokens"] == 0 < ppo_row["generated_tokens"])
-    checks.true("DPO trained in less wall-clock time", dpo_row["wall_seconds"] < ppo_row["wall_seconds"])
+    checks.close("DPO's forward tokens = reference pass + policy passes (from the recipe)",
+                 dpo_reference_fwd * (1 + recipe["epochs"]), dpo_row["forward_tokens"], tol=0)
+    checks.true("whole runs: DPO used more forward token passes than PPO",
+                dpo_row["forward_tokens"] > ppo_row["forward_tokens"])
+    checks.true("... and more backward token passes", dpo_row["backward_tokens"] > ppo_row["backward_tokens"])
+    checks.true("PPO matched DPO's reward with under a third of DPO's token passes",
+                3 * (matched["forward_tokens"] + matched["backward_tokens"])
+                < dpo_row["forward_tokens"] + dpo_row["backward_tokens"])
 checks
+
+# %% [markdown]
+# ## 19.7 The family: IPO, KTO, ORPO, SimPO, RLOO
+#
+# DPO changed RLHF's route but kept its target. Its successors each change one more piece,
+# and each is one function of sequence log-probabilities in `llmbook.alignment.preference_losses`,
+# equal to trl's implementation (trl 1.16.0) on the same float64 inputs (the tests). With
+# $h = \log\frac{\pi(y_w)}{\pi_{\text{ref}}(y_w)} - \log\frac{\pi(y_l)}{\pi_{\text{ref}}(y_l)}$:
+#
+# * **IPO** (Azar et al., 2023) replaces the Bradley–Terry likelihood by a square,
+#   $(h - \frac{1}{2\tau})^2$. For a pair preferred with probability $p$ the expected loss is
+#   smallest at $h^* = \frac{2p-1}{2\tau}$, which stays below $\frac{1}{2\tau}$, where DPO's
+#   optimum $h^* = \frac{1}{\beta}\log\frac{p}{1-p}$ runs off to infinity as $p \to 1$ (exercise 1).
+#   trl averages the log-ratios over the response tokens, and so does `ipo_loss`.
+# * **KTO** (Ethayarajh et al., 2024) needs no pairs: a response is desirable or not on its
+#   own. With $r = \log\frac{\pi(y)}{\pi_{\text{ref}}(y)}$ and a reference point $z_0$, the
+#   loss is $\lambda_D(1 - \sigma(\beta(r - z_0)))$ for a desirable and
+#   $\lambda_U(1 - \sigma(\beta(z_0 - r)))$ for an undesirable response: prospect theory's
+#   value, saturating in both directions. $z_0$ estimates $\mathrm{KL}(\pi\|\pi_{\text{ref}})$
+#   on responses paired with the wrong prompts, clamped at 0 and not differentiated.
+# * **ORPO** (Hong et al., 2024) drops the reference model and the separate SFT stage: the
+#   SFT loss of $y_w$ plus $-\lambda\log\sigma\big(\log\mathrm{odds}(y_w) - \log\mathrm{odds}(y_l)\big)$,
+#   with $\mathrm{odds} = P/(1-P)$ of the per-token average probability $P$.
+# * **SimPO** (Meng et al., 2024) also drops the reference: the reward is the average
+#   log-probability, $r = \frac{\beta}{|y|}\log\pi(y)$, the quantity sampling ranks by, and
+#   the Bradley–Terry loss asks for a margin $\gamma$: $-\log\sigma(r_w - r_l - \gamma)$.
+# * **RLOO** (Ahmadian et al., 2024) goes back to RL: REINFORCE on $k$ samples per prompt,
+#   each with the mean reward of the other $k-1$ as its baseline,
+#   $A_i = R_i - \frac{1}{k-1}\sum_{j\ne i}R_j$. The baseline does not depend on $y_i$, so the
+#   gradient stays unbiased, and the advantages of a group sum to 0.
+#
+# The book's pairs fit all five: the chosen and the rejected response were both sampled from
+# the base model for the same prompt, so for RLOO they are $k = 2$ samples, with advantages
+# $\pm(r_w - r_l)$ from the *true* reward rather than from the label. Below, each loss on the
+# first training batch (64 pairs), at the reference (the first step of every run) and at the
+# shipped DPO policy, and its gradient with respect to the sequence log-probabilities at the
+# DPO policy: how hard it pushes $\log\pi(y_w)$ up and $\log\pi(y_l)$ down, per pair
+# (times 64, so that a mean loss's per-pair weight reads directly). KTO sees the 128
+# responses unpaired (chosen = desirable), its $z_0$ from the chosen responses shifted by one
+# prompt. All responses have 24 tokens, so here length normalisation only rescales.
+
+# %%
+show_source(simpo_loss)
+
+# %%
+nb = 64
+bp, bw, bl = train.prompts[:nb], train.chosen[:nb], train.rejected[:nb]
+lengths = torch.full((nb,), bw.shape[1])
+with torch.no_grad():
+    seq = {name: [sequence_logprobs(model, bp, y).double() for y in (bw, bl, bw.roll(1, 0))]
+           for name, model in (("reference", reference), ("DPO policy", policy))}
+ref_w, ref_l, ref_mis = seq["reference"]
+b, tau, lam, simpo_beta, simpo_gamma = recipe["beta"], recipe["beta"], 0.1, 2.0, 0.5
+desirable = torch.cat([torch.ones(nb), torch.zeros(nb)]).bool()
+true_rewards = torch.stack([train.reward_chosen[:nb], train.reward_rejected[:nb]], 1).reshape(-1).double()
+rloo_adv = rloo_advantages(true_rewards, group_size=2)  # (r_w - r_l, r_l - r_w) per pair
+family = {
+    "DPO": lambda w, lo, mis: dpo_loss(w, lo, ref_w, ref_l, b)[0],
+    "IPO": lambda w, lo, mis: ipo_loss(w, lo, ref_w, ref_l, tau, lengths, lengths).loss,
+    "KTO": lambda w, lo, mis: kto_loss(torch.cat([w, lo]), torch.cat([ref_w, ref_l]), desirable, b,
+                                      kto_reference_point(mis, ref_mis)).loss,
+    "ORPO": lambda w, lo, mis: orpo_loss(w / lengths, lo / lengths, lam).loss,
+    "SimPO": lambda w, lo, mis: simpo_loss(w, lo, lengths, lengths, simpo_beta, simpo_gamma).loss,
+    "RLOO": lambda w, lo, mis: rloo_loss(torch.stack([w, lo], 1).reshape(-1),
+                                        torch.stack([w, lo], 1).reshape(-1).detach(), rloo_adv),
+}
+results, pushes = {}, {}
+for name, loss_fn in family.items():
+    at_ref = float(loss_fn(*seq["reference"]))
+    w, lo = (t.clone().requires_grad_(True) for t in seq["DPO policy"][:2])
+    loss = loss_fn(w, lo, seq["DPO policy"][2])
+    g_w, g_l = torch.autograd.grad(loss, (w, lo))
+    pushes[name] = nb * (g_l - g_w)  # > 0: raise y_w relative to y_l
+    results[name] = (at_ref, float(loss.detach()), float(-nb * g_w.mean()), float(nb * g_l.mean()))
+print(f"{'':6s} {'loss at ref':>11s} {'at DPO':>8s} {'raise y_w':>10s} {'lower y_l':>10s} {'corr. with DPO':>14s}")
+for name, (at_ref, at_pol, up, down) in results.items():
+    corr = reward_correlation(pushes[name], pushes["DPO"])[0] if name != "DPO" else 1.0
+    print(f"{name:6s} {at_ref:11.4f} {at_pol:8.4f} {up:10.4f} {down:10.4f} {corr:14.2f}")
+
+# %%
+checks = Checks("the family on one batch of the book's pairs")
+checks.close("DPO at the reference: log 2", math.log(2), results["DPO"][0], tol=1e-15)
+checks.close("IPO at the reference: h = 0, loss (1/(2 tau))^2", (1 / (2 * tau)) ** 2, results["IPO"][0], tol=1e-12)
+checks.close("KTO at the reference: z0 = 0, loss 1 - sigma(0)", 0.5, results["KTO"][0], tol=1e-15)
+checks.close("RLOO (k = 2): per-pair push = r_w - r_l, from the rewards",
+             (train.reward_chosen[:nb] - train.reward_rejected[:nb]).double(), pushes["RLOO"], tol=1e-12)
+by_hand = -torch.nn.functional.logsigmoid(simpo_beta * (ref_w - ref_l) / bw.shape[1] - simpo_gamma).mean()
+checks.close("SimPO at the reference = -log sigma(beta (avg_w - avg_l) - gamma), by hand",
+             float(by_hand), results["SimPO"][0], tol=1e-12)
+checks.true("every pairwise loss pushes y_w up relative to y_l on average",
+            all(float(pushes[k].mean()) > 0 for k in ("DPO", "IPO", "KTO", "ORPO", "SimPO")))
+checks
+
+# %% [markdown]
+# The losses start from different places and weigh the same pairs differently. At the
+# reference DPO's loss is $\log 2$, IPO's $(1/2\tau)^2$ and KTO's $\frac12$, and all three
+# give every pair the same weight; the reference-free SimPO and ORPO start from the base
+# model's own average log-probabilities instead. At the DPO policy IPO's pushes follow
+# DPO's almost exactly (on margins this small its square is nearly linear, as DPO's
+# sigmoid is), KTO's more loosely, having split each pair in two. SimPO and ORPO weigh pairs
+# by the model's own probabilities; ORPO's push is mostly its SFT term raising $y_w$, its
+# odds-ratio term lowering $y_l$ far less at this $\lambda$. RLOO weighs each pair by the
+# true reward difference: tied pairs, more than half of the data, get no weight at all,
+# where every preference loss trusts their coin-flip labels, and its weights even run
+# against DPO's, which are largest where the implicit reward still ranks a pair wrongly,
+# seldom a pair the true reward separates widely. Which loss would do best on this task is
+# a question for training runs, not for one batch; the chapter ships only the DPO run.
 
 # %% [markdown]
 # ## Summary
@@ -635,9 +829,14 @@ checks
 #   from 0.33 to 0.65 at a KL of 0.46 nats, ranks 0.69 of the untied test pairs rightly, and
 #   yields an implicit reward with Pearson correlation 0.31 with the true one; both the
 #   chosen and the rejected responses lose probability.
-# * Against PPO with the same $\beta$, DPO is cheaper and efficient per nat of KL, but stops
-#   far short: its offline, noisy data hold less about the reward than PPO's on-policy samples
-#   scored by the exact reward.
+# * Against PPO with the same $\beta$, DPO is efficient per nat of KL, but stops far short:
+#   its offline, noisy data hold less about the reward than PPO's on-policy samples scored by
+#   the exact reward. Nor is it cheaper here: it spent more forward and backward token passes
+#   than the whole PPO run, and PPO matched its reward with a quarter of its own; DPO saves
+#   only generation.
+# * IPO bounds the margin DPO lets grow forever, KTO learns from unpaired labels, ORPO and
+#   SimPO drop the reference model, RLOO returns to REINFORCE with a leave-one-out baseline;
+#   each equals trl's implementation in the book's tests.
 #
 # ## Exercises
 #

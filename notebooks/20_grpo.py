@@ -20,13 +20,22 @@
 # 4. checks a micro-batched GRPO step against the full-batch gradient, and **trains GRPO**:
 #    held-out accuracy goes from 0.39 to 0.78;
 # 5. derives **self-consistency** (majority voting) and **best-of-N** / pass@k, with the
-#    unbiased pass@k estimator, and measures both on the models before and after RL.
+#    unbiased pass@k estimator, and measures both on the models before and after RL;
+# 6. reads answers out of free text (`#### 72`, `\boxed{}`, multiple-choice letters) with
+#    parsers tested on adversarial strings, and checks pass@k against its definition;
+# 7. derives the corrections of GRPO in use today, **Dr. GRPO** (what the std in the
+#    advantage does to the objective), **DAPO** (clip-higher, token-level loss, dynamic
+#    sampling) and **GSPO** (one importance ratio per sequence), checks them against trl,
+#    and compares all four on the arithmetic task.
 #
-# The code is in `llmbook.alignment.reasoning` (task, models, GRPO) and
-# `llmbook.alignment.test_time` (voting, pass@k); the losses are chapter 18's
-# `llmbook.alignment.losses`.
+# The code is in `llmbook.alignment.reasoning` (task, models, GRPO),
+# `llmbook.alignment.repeated_sampling` (voting, pass@k), `llmbook.alignment.answers` (answer
+# parsers, voting over texts) and `llmbook.alignment.rl_variants` (Dr. GRPO, DAPO, GSPO);
+# the GRPO loss is chapter 18's `llmbook.alignment.losses`.
 
 # %%
+import json
+import math
 import time
 
 import matplotlib.pyplot as plt
@@ -34,6 +43,12 @@ import sympy as sp
 import torch
 from IPython.display import display
 
+from llmbook.alignment.answers import (
+    majority_vote,
+    parse_choice_answer,
+    parse_numeric_answer,
+    pass_at_k_enumerated,
+)
 from llmbook.alignment.logprobs import response_logprobs
 from llmbook.alignment.losses import group_normalized_rewards, grpo_loss
 from llmbook.alignment.reasoning import (
@@ -54,7 +69,7 @@ from llmbook.alignment.reasoning import (
     sft_loss,
     verify_answer,
 )
-from llmbook.alignment.test_time import (
+from llmbook.alignment.repeated_sampling import (
     expected_max_gaussian,
     expected_max_uniform_symbolic,
     expected_pass_at_k_symbolic,
@@ -65,7 +80,18 @@ from llmbook.alignment.test_time import (
     plurality_vote,
     vote_accuracy,
 )
+from llmbook.alignment.rl_variants import (
+    VARIANTS,
+    arcsine_objective_symbolic,
+    dapo_loss,
+    expected_group_gradient,
+    expected_group_gradient_enumerated,
+    gspo_loss,
+    informative_groups,
+    sequence_log_ratio,
+)
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.paths import data_path
 
 g = seed_everything(0)
 torch.set_num_threads(1)  # a tiny model: one thread is steadier
@@ -108,10 +134,13 @@ checks.true('"19$__" too (padding after the end)', verify_answer("07+12=", "19$_
 checks.true('"19" does not (no end token)', not verify_answer("07+12=", "19"))
 checks.true('"019$" does not (leading zero)', not verify_answer("07+12=", "019$"))
 checks.true('"18$" does not (wrong)', not verify_answer("07+12=", "18$"))
+raised = None  # the exception a malformed prompt raises, or None if it raises none
 try:
     verify_answer("7+12=", "19$")
-except ValueError as err:
-    checks.true("a malformed problem is an error: " + str(err)[:40] + "…", True)
+except (ValueError, TypeError) as err:
+    raised = err
+checks.equal("a malformed problem (one-digit operand) raises", "ValueError", type(raised).__name__)
+checks.true("the error names the expected format", "two 2-digit operands" in str(raised), str(raised)[:40] + "…")
 checks.equal("training and held-out sets are disjoint", 0,
              len(set(map(tuple, train.tolist())) & set(map(tuple, test.tolist()))))
 checks
@@ -549,10 +578,11 @@ checks
 # %%
 problems, S = test[:200], 64
 truths = problems.sum(1).tolist()
-answers = {}
+answers, texts = {}, {}
 for name, model in (("SFT", sft), ("GRPO", grpo)):
     responses = sample_responses(model, problems, S, 1.0, torch.Generator().manual_seed(0))
-    flat = [parse_answer(decode(r)) for r in responses]
+    texts[name] = [decode(r) for r in responses]  # (200 S,) strings, kept for section 20.10
+    flat = [parse_answer(t) for t in texts[name]]
     answers[name] = [flat[i * S:(i + 1) * S] for i in range(len(problems))]
 num_right = {name: torch.tensor([sum(a == t for a in ans) for ans, t in zip(answers[name], truths, strict=True)])
              for name in answers}
@@ -705,6 +735,341 @@ checks.true("the verifier beats voting at every N > 1", all(
     pv[i] > vc[i] for pv, vc in zip(pass_curve.values(), vote_curve.values(), strict=True) for i in range(1, 7)))
 checks
 
+# %% [markdown]
+# ## 20.10 Reading the answer out of free text
+#
+# The arithmetic verifier is strict: it accepts `"19$"` and nothing else. A reasoning model
+# writes a derivation and then its answer in the format it was taught: GSM8K's `#### 72`
+# (Cobbe et al., 2021, "Training Verifiers to Solve Math Word Problems"), MATH's
+# `\boxed{72}`, or a sentence. The parser is part of the reward: one that reads the wrong
+# number rewards a wrong answer, one that is too strict punishes a right one.
+# `parse_numeric_answer` (in `llmbook.alignment.answers`) returns an exact `Fraction`, so
+# that "1,234" and "1234" are one answer, and follows a fixed precedence: the
+# last `####`, else the last `\boxed{}` (braces matched, so a `\frac` inside is read),
+# else the first number after the last "answer is", else the last number.
+# `parse_choice_answer` reads a multiple-choice letter and never takes the article "A" for
+# one. The strings below are hard cases from the tests, each with the answer a careful
+# reader would give:
+
+# %%
+show_source(parse_numeric_answer)
+
+# %%
+numeric_cases = [  # (text, the answer a careful reader gives)
+    ("She sold 48 in April and half as many in May.\n#### 72", "72"),
+    ("#### 5 was a draft; the final:\n#### 7", "7"),
+    (r"First \boxed{3}, then corrected to \boxed{4}.", "4"),
+    (r"\boxed{-\dfrac{3}{4}}", "-3/4"),
+    (r"\boxed{\$1,234.50}", "2469/2"),
+    (r"\boxed{x = 5}", None),
+    ("The answer is 42. Check: 40 + 2 = 42, not 41.", "42"),
+    ("a loss of -$12.50.", "-25/2"),
+    ("1,234,567 people", "1234567"),
+    ("the list 1,2,3", "3"),
+    ("pages 3-4", "4"),
+    ("H2O has 3 atoms", "3"),
+]
+choice_cases = [("the answer is D.", "D"), ("Answer: c", "C"), ("A good answer is (C).", "C"),
+                ("A is wrong and B is right", None), ("I'd say (B), not (E)", "B"),
+                ("the answer is a bit unclear", None), (r"\boxed{\text{B}}", "B")]
+checks = Checks("answer parsers on adversarial strings")
+for text, expected in numeric_cases:
+    got = parse_numeric_answer(text)
+    checks.equal(repr(text)[:44], expected, None if got is None else str(got))
+for text, expected in choice_cases:
+    checks.equal(repr(text)[:44] + " (choices A-D)", expected, parse_choice_answer(text))
+checks
+
+# %% [markdown]
+# **A vote over texts.** `majority_vote` parses each response and returns the most frequent
+# answer, with the tie rule of `plurality_vote` (section 20.7), which it generalises from
+# integers to any answer a parser returns (fractions, letters). On the 64 sampled responses
+# of section 20.7 it must reproduce the votes computed there. The cell also counts the
+# responses on which the lenient `parse_numeric_answer` and the task's strict `parse_answer`
+# give different verdicts (an answer without its end token, or with a leading zero, is
+# right for the one and wrong for the other):
+
+# %%
+checks = Checks("majority_vote on the sampled texts of section 20.7")
+for name in texts:
+    groups = [texts[name][i * S:(i + 1) * S] for i in range(len(problems))]
+    checks.equal(f"{name}: = plurality_vote of the parsed answers, all {len(groups)} problems",
+                 [plurality_vote(a) for a in answers[name]], [majority_vote(t, parse_answer) for t in groups])
+    truth_per_text = [t for t in truths for _ in range(S)]
+    strict = [parse_answer(t) == truth for t, truth in zip(texts[name], truth_per_text, strict=True)]
+    lenient = [parse_numeric_answer(t) == truth for t, truth in zip(texts[name], truth_per_text, strict=True)]
+    differ = sum(a != b for a, b in zip(strict, lenient, strict=True))
+    print(f"{name}: the two parsers disagree on {differ} of {len(strict)} responses "
+          f"({differ / len(strict):.2%}); strict accuracy {sum(strict) / len(strict):.3f}, "
+          f"lenient {sum(lenient) / len(lenient):.3f}")
+checks
+
+# %% [markdown]
+# They almost never disagree here: after SFT the model writes its answers in the one format
+# it was trained on. The parser matters when the format is free, as in the strings above;
+# an RL run against a lenient parser can also teach a model to exploit it (a "number
+# somewhere in the text" rule rewards listing many numbers).
+#
+# **pass@k by its definition.** Section 20.8 used the closed form
+# $1 - \binom{n-c}{k}/\binom{n}{k}$ in Chen et al.'s product form
+# $1 - \prod_{i=n-c+1}^{n}(1 - k/i)$. Both can be checked against the definition itself:
+# the fraction of the $\binom nk$ subsets of $k$ samples that contain a right one, counted
+# by enumerating them (`pass_at_k_enumerated`). SymPy first shows the two closed forms equal
+# for symbolic $n$ and $k$ (the ratio of binomials telescopes into the product):
+
+# %%
+n_, k_, i_ = sp.symbols("n k i", positive=True, integer=True)
+for c_ in range(1, 5):
+    ratio = sp.combsimp(sp.binomial(n_ - c_, k_) / sp.binomial(n_, k_))
+    assert sp.simplify(ratio - sp.Product(1 - k_ / i_, (i_, n_ - c_ + 1, n_)).doit()) == 0
+display(sp.Eq(sp.binomial(n_ - 3, k_) / sp.binomial(n_, k_), sp.Product(1 - k_ / i_, (i_, n_ - 2, n_))))
+checks = Checks("pass@k: closed form against all k-subsets")
+worst, subsets = 0.0, 0
+for name in answers:
+    for i in range(5):  # the first 12 samples of 5 problems: every k = 1 .. 12
+        right = [a == truths[i] for a in answers[name][i][:12]]
+        for kk in range(1, 13):
+            worst = max(worst, abs(float(pass_at_k_enumerated(right, kk)) - pass_at_k(12, sum(right), kk)))
+            subsets += math.comb(12, kk)
+checks.close(f"max |enumerated - pass_at_k| over {subsets:,} subsets", 0.0, worst, tol=1e-15)
+checks
+
+# %% [markdown]
+# ## 20.11 RL for reasoning as practised now: Dr. GRPO, DAPO, GSPO
+#
+# Within a year of DeepSeek-R1, three corrections of GRPO became standard options of the
+# libraries that train reasoning models (trl's `GRPOTrainer` has each as a setting). Each
+# changes a line or two of the loss, in `llmbook.alignment.rl_variants`, and each comes with
+# an argument about what GRPO gets wrong:
+
+# %%
+for name, settings in VARIANTS.items():
+    print(f"{name:8s}", {k: v for k, v in settings.items()})
+
+# %% [markdown]
+# ### Dr. GRPO: the std in the advantage changes the objective
+#
+# Section 20.4 derived the first bias that Liu et al. (2025) remove, the $1/|o_i|$ of the
+# per-sequence mean. The second is the division by the group's std. Take one question that
+# the policy answers right with probability $p = \sigma(\theta)$, so that
+# $\partial_\theta \log\pi(o) = o - p$ for an answer $o \in \{0, 1\}$. A group of $G$ answers
+# with $c$ right pushes $\theta$ by $\sum_i A_i (o_i - p) = c\,A_{\text{right}}$ (the
+# advantages sum to zero). Without the std, $A_{\text{right}} = 1 - c/G$ and the expectation
+# over $c \sim \text{Binomial}(G, p)$ is $(G-1)\,p(1-p) = (G-1)\,\partial_\theta p$: the true
+# gradient of the accuracy, scaled. With the std, the push is divided by about
+# $\sqrt{p(1-p)}$, and the update becomes $(G-1)\sqrt{p(1-p)}$ for large $G$. That is the
+# gradient of a different objective, $F(p) = 2\arcsin\sqrt p$, whose slope in $p$,
+# $1/\sqrt{p(1-p)}$, is largest for the questions the policy almost never or almost always
+# gets right. SymPy derives both:
+
+# %%
+show_source(expected_group_gradient)
+
+# %%
+arc = arcsine_objective_symbolic()
+display(sp.Eq(sp.Symbol(r"\mathbb{E}[c\,(1 - c/G)]"), arc["no_std"]),
+        sp.Eq(sp.Symbol(r"F(p)"), arc["F"]),
+        sp.Eq(sp.Symbol(r"\frac{dF}{dp}\,\frac{dp}{d\theta}"), arc["dF_dtheta"]))
+checks = Checks("the std bias: exact expected updates (G answers, Bernoulli policy)")
+checks.close("no std, G = 8, p = 0.3: (G - 1) p (1 - p)", 7 * 0.3 * 0.7, expected_group_gradient(0.3, 8, False), tol=1e-14)
+for G_ in (4, 8):
+    checks.close(f"with std, G = {G_}, p = 0.1: closed sum = all 2^G outcomes by autograd",
+                 expected_group_gradient_enumerated(0.1, G_, True), expected_group_gradient(0.1, G_, True), tol=1e-13)
+checks.close("with std, G = 256, p = 0.1: / (G - 1) sqrt(p (1 - p)) -> 1", 1.0,
+             expected_group_gradient(0.1, 256, True) / (255 * math.sqrt(0.09)), tol=0.01)
+checks
+
+# %% [markdown]
+# How much does it matter at the book's $G = 8$? The table divides the expected update with
+# the std by the one without, per question difficulty, next to the large-$G$ limit
+# $1/\sqrt{p(1-p)}$; then it weighs the 200 held-out problems of section 20.7 by each rule,
+# with the SFT model's measured $\hat p_i$, and reports the share of the total update that goes
+# to hard problems ($\hat p_i < 1/4$):
+
+# %%
+rows = [f"{'p':>6s} {'with std / without, G = 8':>26s} {'limit 1/sqrt(p(1-p))':>21s}"]
+for pp in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 7 / 8):
+    rows.append(f"{pp:6.3f} {expected_group_gradient(pp, 8, True) / expected_group_gradient(pp, 8, False):26.2f} "
+                f"{1 / math.sqrt(pp * (1 - pp)):21.2f}")
+print("\n".join(rows))
+inside = [float(x) for x in p_hat["SFT"] if 0 < x < 1]  # p = 0 or 1: no update either way
+push = {std: [expected_group_gradient(x, 8, std) for x in inside] for std in (True, False)}
+hard_share = {std: sum(w for w, x in zip(push[std], inside, strict=True) if x < 0.25) / sum(push[std])
+              for std in push}
+print(f"share of the expected update on problems with p_i < 1/4 (SFT model, {len(inside)} problems with "
+      f"0 < p_i < 1): with std {hard_share[True]:.2f}, without {hard_share[False]:.2f}")
+
+# %% [markdown]
+# The std multiplies the push on a question right one time in eight by more than it does
+# on a coin-flip question, and the large-$G$ limit says by how much more as $G$ grows (at
+# $G = 8$ the groups with no right answer at all, which get no push, hold the extremes
+# back). On the book's SFT model, whose $\hat p_i$ are mostly small, the shift of weight
+# towards the hardest problems is modest. Whether that is good is a choice, not a law: it is a curriculum that favours the
+# extremes. Dr. GRPO's point is that it is a choice GRPO makes silently, and that without it
+# the update is the gradient of the expected reward.
+#
+# ### DAPO: clip-higher, token-level loss, dynamic sampling
+#
+# Yu et al. (2025) make three changes (and drop the KL term). **Clip-higher**: PPO's clip
+# $\rho \le 1 + \varepsilon$ bounds how much one update can raise a token's probability
+# *relative to its old value*, so a token at $\pi_{\text{old}} = 0.01$ can go to
+# $0.01(1+\varepsilon)$ and one at 0.9 to 1: the clip protects likely tokens and starves
+# unlikely ones, which DAPO blames for the collapse of entropy during training. It raises
+# the upper bound alone ($\varepsilon_{\text{high}} > \varepsilon_{\text{low}}$). **Token-level
+# loss**: section 20.4's token mean, with the batch's token count as the normaliser so that
+# micro-batches add up. **Dynamic sampling**: drop the groups whose rewards are all equal (no
+# signal, section 20.3) and sample more prompts to refill the batch.
+
+# %%
+show_source(dapo_loss)
+
+# %%
+print("largest probability after one update, pi_old (1 + eps_high), capped at 1:")
+for p_old in (0.01, 0.1, 0.5, 0.9):
+    print(f"  pi_old = {p_old:4.2f}:  eps_high = 0.2 -> {min(1.0, p_old * 1.2):.4f},   "
+          f"0.28 -> {min(1.0, p_old * 1.28):.4f}")
+silent_measured, silent_predicted = {}, {}
+for name in answers:
+    binary_rewards = torch.tensor([b for row in binary[name] for b in row], dtype=f64)  # (200 * 64,)
+    kept = informative_groups(binary_rewards, 8)  # (200 * 8,)
+    silent_measured[name] = 1 - float(kept.double().mean())
+    silent_predicted[name] = float((p_hat[name] ** 8 + (1 - p_hat[name]) ** 8).mean())
+    print(f"{name}: groups of 8 that dynamic sampling drops: {silent_measured[name]:.3f} measured, "
+          f"{silent_predicted[name]:.3f} predicted by mean_i p_i^8 + (1 - p_i)^8")
+checks = Checks("DAPO")
+lp = response_logprobs(policy64, batch.prompts, batch.responses).detach()
+checks.close("dapo_loss = grpo_loss(token mean, eps_high = 0.28) on the batch of 20.5",
+             grpo_loss(lp, batch.old_logprobs, None, batch.advantages, batch.mask, 0.2, 0.0, "token_mean",
+                       clip_eps_high=0.28).loss,
+             dapo_loss(lp, batch.old_logprobs, batch.advantages, batch.mask), tol=1e-15)
+n_tok = int(batch.mask.sum())
+checks.close("micro-batches of 5 with the batch's token count add up to the batch", dapo_loss(
+    lp, batch.old_logprobs, batch.advantages, batch.mask), sum(
+    dapo_loss(lp[j:j + 5], batch.old_logprobs[j:j + 5], batch.advantages[j:j + 5], batch.mask[j:j + 5],
+              num_tokens=n_tok) for j in range(0, 32, 5)), tol=1e-15)
+for name in answers:
+    checks.close(f"{name}: dropped share = the silent-group formula (the blocks are drawn without replacement)",
+                 silent_predicted[name], silent_measured[name], tol=0.03)
+checks
+
+# %% [markdown]
+# ### GSPO: one importance ratio per sequence
+#
+# The reward is given to a whole answer, but GRPO's ratio and clipping act per token. Zheng
+# et al. (2025, "Group Sequence Policy Optimization") argue that the per-token ratios are
+# noisy estimates of a correction that only makes sense per sequence, and that their noise
+# accumulates over long answers and destabilises training (they trained Qwen3's large
+# mixture-of-experts models this way). GSPO uses one ratio per sequence, the geometric mean
+# of the token ratios,
+#
+# $$ s_i = \Big(\frac{\pi_\theta(o_i \mid q)}{\pi_{\text{old}}(o_i \mid q)}\Big)^{1/|o_i|}
+#    = \exp\Big(\frac{1}{|o_i|}\sum_t \log\frac{\pi_\theta(o_{i,t}\mid q, o_{i,<t})}{\pi_{\text{old}}(o_{i,t}\mid q, o_{i,<t})}\Big), $$
+#
+# and clips $s_i$, with a range so narrow ($1 \pm$ a few $10^{-4}$) that whole answers are
+# dropped from an update when the policy has moved on them. Two special cases tie it to
+# GRPO: with one-token answers $s_i$ is the token ratio, and on-policy ($s_i = 1$ in value)
+# $\nabla s_i = \frac{1}{|o_i|}\sum_t \nabla\log\pi_{i,t}$, the gradient of GRPO's per-sequence
+# mean. Both are checked below through the book's model, with the batch of section 20.5.
+
+# %%
+show_source(gspo_loss)
+
+# %%
+token_log_ratio = (lp - batch.old_logprobs)[batch.mask]
+seq_log_ratio = sequence_log_ratio(lp, batch.old_logprobs, batch.mask)
+print(f"std of the log ratio: per token {float(token_log_ratio.std()):.3f}, per sequence "
+      f"{float(seq_log_ratio.std()):.3f} (the batch of 20.5, old log-probs perturbed by noise of 0.3)")
+g_eps = VARIANTS["gspo"]
+clip_grpo = grpo_loss(lp, batch.old_logprobs, None, batch.advantages, batch.mask, 0.2, 0.0).clip_fraction
+clip_gspo = gspo_loss(lp, batch.old_logprobs, None, batch.advantages, batch.mask, g_eps["clip_eps"], 0.0,
+                      g_eps["clip_eps_high"]).clip_fraction
+print(f"clipped: GRPO (eps = 0.2) {float(clip_grpo):.2f} of the tokens, "
+      f"GSPO (its narrow range) {float(clip_gspo):.2f} of the sequences")
+
+# %%
+checks = Checks("GSPO special cases, through the model (float64)")
+one = batch.mask.clone()
+one[:, 1:] = False  # every answer cut to its first token
+checks.close("one-token answers: gspo_loss = grpo_loss",
+             grpo_loss(lp, batch.old_logprobs, batch.ref_logprobs, batch.advantages, one, 0.2, 0.04).loss,
+             gspo_loss(lp, batch.old_logprobs, batch.ref_logprobs, batch.advantages, one, 0.2, 0.04).loss, tol=1e-15)
+grads = {}
+for name, loss_fn in (("grpo", lambda x: grpo_loss(x, None, None, batch.advantages, batch.mask, 0.2, 0.0).loss),
+                      ("gspo", lambda x: gspo_loss(x, None, None, batch.advantages, batch.mask, 3e-4, 0.0, 4e-4).loss)):
+    policy64.zero_grad()
+    loss_fn(response_logprobs(policy64, batch.prompts, batch.responses)).backward()
+    grads[name] = flat_grad(policy64).clone()
+checks.close(f"on-policy: GSPO's gradient = GRPO's (sequence mean), {grads['gspo'].numel():,} parameters",
+             grads["grpo"], grads["gspo"], tol=1e-13)
+checks.true("the gradients are not zero", float(grads["gspo"].abs().max()) > 1e-3)
+checks
+
+# %% [markdown]
+# ## 20.12 The four methods on the arithmetic task
+#
+# Do the corrections matter on the book's task? `data/make_grpo_variants.py` trains the SFT
+# model with each method of `VARIANTS` (`train_variant`), with one recipe and one seed and
+# no KL term for any of them, and ships the curves; the notebook loads them. Here the answers
+# are 2 to 4 tokens long and their length is fixed by the sum, so the length corrections have
+# little to act on: what differs is the std (Dr. GRPO), clip-higher and dynamic sampling
+# (DAPO), and the sequence-level ratio with its narrow clip (GSPO).
+
+# %%
+variant_runs = json.loads(data_path("grpo_variants", "results.json").read_text())
+recipe_v, runs = variant_runs["recipe"], variant_runs["runs"]
+print({k: recipe_v[k] for k in ("steps", "prompts_per_step", "group_size", "updates_per_batch", "lr")})
+print(f"{'':8s} {'greedy':>7s} {'sampled':>8s} {'answers sampled':>16s} {'mean reward, last 10 steps':>27s}")
+for name, run in runs.items():
+    reward_tail = sum(run["curve"]["reward"][-10:]) / 10
+    print(f"{name:8s} {run['greedy']:7.3f} {run['sampled']:8.3f} {sum(run['curve']['generated']):16,d} "
+          f"{reward_tail:27.3f}")
+print(f"start (the SFT model): greedy {sft_greedy:.3f}, sampled {sampled['SFT']:.3f}")
+
+# %%
+sampled_by = {}  # answers sampled before each evaluation, per run
+for name, run in runs.items():
+    c = run["curve"]
+    cumulative = [0] + [sum(c["generated"][:s_]) for s_ in range(1, len(c["generated"]) + 1)]
+    sampled_by[name] = [cumulative[s_] for s_ in c["eval_steps"]]
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+for name, run in runs.items():
+    c = run["curve"]
+    ax1.plot(c["eval_steps"], c["test_accuracy"], "o-", label=name)
+    ax2.plot([x / 1000 for x in sampled_by[name]], c["test_accuracy"], "o-", label=name)
+ax1.set(xlabel="step (two updates each)", ylabel="held-out greedy accuracy", title="Accuracy per step")
+ax2.set(xlabel="answers sampled (thousands)", ylabel="held-out greedy accuracy", title="Accuracy per answer sampled")
+ax1.legend(fontsize="small")
+fig.tight_layout()
+save_figure(fig, "20_grpo_variants")
+plt.show()
+budget = min(sampled_by[name][-1] for name in runs)
+for name in runs:
+    at = max(i for i, x in enumerate(sampled_by[name]) if x <= budget)
+    print(f"{name:8s} after {sampled_by[name][at]:,} answers sampled (step {runs[name]['curve']['eval_steps'][at]}): "
+          f"greedy {runs[name]['curve']['test_accuracy'][at]:.3f}")
+
+# %%
+checks = Checks("the shipped comparison")
+g_re = torch.Generator().manual_seed(recipe_v["seed"])  # the first batch of every run, redrawn here
+first = make_grpo_batch(sft, None, train[torch.randint(len(train), (recipe_v["prompts_per_step"],), generator=g_re)],
+                        recipe_v["group_size"], recipe_v["temperature"], True, g_re)
+for name, run in runs.items():
+    checks.close(f"{name}: first batch's mean reward, recomputed = shipped (±0.005)", float(first.rewards.mean()),
+                 run["curve"]["reward"][0], tol=0.005)
+checks
+
+# %% [markdown]
+# Per step, DAPO is ahead of the other three by the end of the run; GRPO, Dr. GRPO and GSPO
+# end close together. But DAPO's steps are not the same size: dynamic sampling drops the
+# silent groups and refills the batch from a second round of sampling, so it drew twice as
+# many answers. Per answer sampled (right panel) its lead is gone. With one seed per method,
+# differences of a few points between the other three are within what another seed could
+# change; the comparison says that on a task this short and this easy to verify none of the
+# corrections is decisive, and that a method that samples more must be compared at equal
+# sampling. What the corrections fix (a length bias, a silent curriculum, a token-level
+# ratio that is noisy on long answers) grows with the length of the answers, which is where
+# their papers measured them.
+
 # %% tags=["nbval-ignore-output"]
 print(f"notebook ran in {time.perf_counter() - began:.0f} s")
 
@@ -727,6 +1092,15 @@ print(f"notebook ran in {time.perf_counter() - began:.0f} s")
 #   plurality vote does better when wrong answers disagree; best-of-$N$ with a verifier reaches
 #   $1-(1-p)^N$, estimated without bias by $1 - \binom{n-c}{k}/\binom nk$. RL moved the model's
 #   pass@1 far more than its pass@64.
+# * **The parser is part of the reward.** Numeric answers are read with a fixed precedence
+#   (`####`, then `\boxed{}`, then "answer is", then the last number) as exact fractions;
+#   letters never from prose. pass@k's closed form equals the count over all $k$-subsets.
+# * **GRPO's corrections.** Dividing the advantage by the group's std turns the expected
+#   update from $(G-1)\,\partial_\theta p$ into about $(G-1)\,\partial_\theta\, 2\arcsin\sqrt p$,
+#   a silent preference for the hardest and easiest questions (Dr. GRPO drops it, with the
+#   $1/|o_i|$). DAPO widens the upper clip so unlikely tokens can grow, weighs every token of
+#   the batch alike and drops groups without signal. GSPO clips one geometric-mean ratio per
+#   answer; on-policy its gradient is GRPO's.
 #
 # ## Exercises
 #

@@ -30,6 +30,7 @@ from llmbook.alignment.dpo import (
     load_dpo_policy,
     log_partition,
     optimal_policy,
+    ppo_compute_to_reward,
     reference_logprobs,
     reward_correlation,
     sequence_logprobs,
@@ -522,3 +523,78 @@ def test_load_dpo_policy_matches_the_shipped_numbers():
     stored = load_artifact("dpo")[0]["test_implicit_reward"][:k]
     assert torch.allclose(got, stored, atol=1e-4)
     assert info["final"]["reward"] > info["base"]["reward"]
+
+
+# ---------------------------------------------------------------- PPO's compute to a reward
+
+
+def _fake_ppo_info(rewards, kls, wall=12.0):
+    n = len(rewards)
+    return {"history": {"reward_mean": rewards, "kl_mean": kls},
+            "compute": {"iterations": n, "wall_seconds": wall, "forward_tokens": 70 * n,
+                        "backward_tokens": 40 * n, "generated_tokens": 24 * n}}
+
+
+def test_ppo_compute_to_reward_worked_example():
+    info = _fake_ppo_info([0.0, 1.0, 0.0, 2.0, 3.0, 0.5], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6], wall=6.0)
+    # trailing means over 2: 0.5, 0.5, 1.0, 2.5, 1.75 -> first >= 1 at iteration 4
+    out = ppo_compute_to_reward(info, 1.0, window=2)
+    assert out == {"iterations": 4, "reward": 1.0, "kl": pytest.approx(0.35, abs=1e-15),
+                   "wall_seconds": 4.0, "forward_tokens": 280, "backward_tokens": 160,
+                   "generated_tokens": 96}
+    # window 1: the first single iteration >= 1 is the second
+    assert ppo_compute_to_reward(info, 1.0, window=1)["iterations"] == 2
+    assert ppo_compute_to_reward(info, 2.6, window=2) is None
+    assert ppo_compute_to_reward(info, 0.0, window=7) is None  # window longer than the run
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(0, 5), min_size=1, max_size=20), st.floats(0, 5), st.integers(1, 5))
+def test_ppo_compute_to_reward_is_the_first_crossing(rewards, target, window):
+    info = _fake_ppo_info(rewards, [0.0] * len(rewards))
+    out = ppo_compute_to_reward(info, target, window)
+    means = [sum(rewards[k - window:k]) / window for k in range(window, len(rewards) + 1)]
+    crossing = [k for k, m in zip(range(window, len(rewards) + 1), means, strict=True) if m >= target]
+    if not crossing:
+        assert out is None
+    else:
+        k = crossing[0]
+        assert out["iterations"] == k and out["forward_tokens"] == 70 * k
+        assert out["reward"] >= target and all(m < target for m in means[:k - window])
+
+
+def test_ppo_compute_to_reward_bad_input():
+    info = _fake_ppo_info([0.0, 1.0], [0.0, 0.0])
+    with pytest.raises(ValueError, match="ppo_info"):
+        ppo_compute_to_reward({"history": {}}, 1.0)
+    with pytest.raises(TypeError, match="target"):
+        ppo_compute_to_reward(info, "1")
+    with pytest.raises(ValueError, match="target"):
+        ppo_compute_to_reward(info, float("nan"))
+    with pytest.raises(ValueError, match="window"):
+        ppo_compute_to_reward(info, 1.0, window=0)
+    short = _fake_ppo_info([0.0, 1.0], [0.0])
+    with pytest.raises(ValueError, match="one entry per iteration"):
+        ppo_compute_to_reward(short, 1.0)
+    uneven = _fake_ppo_info([0.0, 1.0], [0.0, 0.0])
+    uneven["compute"]["forward_tokens"] = 141
+    with pytest.raises(ValueError, match="forward_tokens"):
+        ppo_compute_to_reward(uneven, 1.0, window=1)
+
+
+def test_ppo_compute_to_reward_on_the_shipped_ppo_run():
+    """Token passes per iteration counted from the PPO recipe, independently of its compute."""
+    from llmbook.alignment.shipped import load_artifact
+
+    try:
+        _, info = load_artifact("ppo")
+    except ValueError:
+        pytest.skip("the PPO artifact is not shipped")
+    rec = info["recipe"]
+    out = ppo_compute_to_reward(info, 0.0, window=1)
+    assert out["iterations"] == 1
+    seq = 8 + rec["response_tokens"]  # the preference data's prompts have 8 tokens
+    # rollout scoring + one pass per epoch, for policy and critic; one reference pass
+    assert out["forward_tokens"] == rec["batch_size"] * seq * (2 * (1 + rec["epochs"]) + 1)
+    assert out["backward_tokens"] == rec["batch_size"] * seq * 2 * rec["epochs"]
+    assert out["generated_tokens"] == rec["batch_size"] * rec["response_tokens"]

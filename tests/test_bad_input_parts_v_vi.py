@@ -15,8 +15,8 @@ from llmbook.alignment import (
     ppo,
     preferences,
     reasoning,
+    repeated_sampling,
     reward_model,
-    test_time,
 )
 from llmbook.transformer.model import TransformerConfig, TransformerLM
 
@@ -102,10 +102,10 @@ ALIGNMENT_CASES = [
         torch.tensor([-1.0]), torch.ones(1), 0.2), ValueError, "ratio must be positive"),
     ("clipped_surrogate_grad NaN advantages", lambda: policy_gradient.clipped_surrogate_grad(
         torch.ones(1), torch.tensor([NAN]), 0.2), ValueError, "advantages must not hold NaN"),
-    ("pass_at_n NaN tensor", lambda: test_time.pass_at_n(torch.tensor([NAN]), 3), ValueError, r"p must be a floating tensor with entries in \[0, 1\]"),
-    ("majority_probability NaN tensor", lambda: test_time.majority_probability(torch.tensor([0.5, NAN]), 3),
+    ("pass_at_n NaN tensor", lambda: repeated_sampling.pass_at_n(torch.tensor([NAN]), 3), ValueError, r"p must be a floating tensor with entries in \[0, 1\]"),
+    ("majority_probability NaN tensor", lambda: repeated_sampling.majority_probability(torch.tensor([0.5, NAN]), 3),
      ValueError, r"p must be a floating tensor with entries in \[0, 1\]"),
-    ("vote_accuracy mismatch", lambda: test_time.vote_accuracy([[1]], [1, 2], 1), ValueError, "answers and truths"),
+    ("vote_accuracy mismatch", lambda: repeated_sampling.vote_accuracy([[1]], [1, 2], 1), ValueError, "answers and truths"),
 ]
 
 

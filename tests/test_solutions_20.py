@@ -16,7 +16,7 @@ def test_exercise_1_even_votes_gain_nothing():
     for m in range(1, 7):
         assert solutions.even_votes_gain_nothing(m) == 0
     # without the coin (a tie is a loss) an even vote is worse than the odd one before it
-    from llmbook.alignment.test_time import majority_probability_symbolic
+    from llmbook.alignment.repeated_sampling import majority_probability_symbolic
     loss_on_tie = sp.expand(majority_probability_symbolic(4).doit() - majority_probability_symbolic(3).doit())
     assert loss_on_tie.subs(p, sp.Rational(7, 10)) < 0
     assert solutions.majority_with_coin_ties_symbolic(2).subs(p, sp.Rational(1, 3)) == sp.Rational(1, 3)

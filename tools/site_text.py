@@ -294,6 +294,12 @@ CITATIONS: dict[str, str] = {
     "Touvron et al. 2023a": "touvron2023llama", "Touvron et al. 2023b": "touvron2023llama2",
     "Wei et al. 2022": "wei2022emergent", "Wenzek et al. 2020": "wenzek2020",
     "Ye et al. 2024": "ye2024mixing", "Zhang et al. 2022": "zhang2022opt",
+    # Part V's third edition (issue 24)
+    "Ahmadian et al. 2024": "ahmadian2024", "Ethayarajh et al. 2024": "ethayarajh2024",
+    "Hong et al. 2024": "hong2024", "Meng et al. 2024": "meng2024",
+    "Hayou, Ghosh & Yu 2024": "hayou2024", "Hayou et al. 2024": "hayou2024",
+    "Kalajdzievski 2023": "kalajdzievski2023", "Liu et al. 2024": "liu2024dora",
+    "Cobbe et al. 2021": "cobbe2021", "Zheng et al. 2025": "zheng2025",
 }
 
 #: (chapter, name as in :data:`CITATIONS`) -> key, for names two papers share: LLaMA and

@@ -34,7 +34,8 @@ This module holds:
   :func:`reward_correlation`: its Pearson and Spearman correlations with a true reward;
 * :func:`train_dpo` and :func:`load_dpo_policy`: DPO on the preferences of chapter 17,
   shipped as artifact ``"dpo"`` (:mod:`llmbook.alignment.shipped`);
-  :func:`comparison_rows`: the table that sets the base model, DPO and PPO side by side.
+  :func:`comparison_rows`: the table that sets the base model, DPO and PPO side by side;
+  :func:`ppo_compute_to_reward`: PPO's token passes and time until it matches a reward.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ __all__ = [
     "load_dpo_policy",
     "log_partition",
     "optimal_policy",
+    "ppo_compute_to_reward",
     "reference_logprobs",
     "reward_correlation",
     "sequence_logprobs",
@@ -586,3 +588,49 @@ def comparison_rows(runs: dict[str, dict[str, Any] | None]) -> list[dict[str, An
                      **{k: compute.get(k) for k in ("wall_seconds", "forward_tokens",
                                                     "backward_tokens", "generated_tokens")}})
     return rows
+
+
+def ppo_compute_to_reward(ppo_info: dict[str, Any], target: float,
+                          window: int = 8) -> dict[str, Any] | None:
+    """PPO's compute up to the first iteration at which its reward reaches ``target``, or None.
+
+    ``ppo_info`` is a PPO artifact's info (:func:`llmbook.alignment.ppo.train_ppo`): its
+    ``history["reward_mean"]`` (the mean true reward of each iteration's rollout batch),
+    ``history["kl_mean"]`` and ``compute`` (totals over ``iterations``). The first
+    iteration k whose trailing mean reward over ``window`` iterations (k - window + 1 .. k,
+    1-based) is >= ``target`` is returned with that mean (``reward``), the mean KL of the
+    same iterations (``kl``) and PPO's compute up to it: the token passes
+    (``forward_tokens``, ``backward_tokens``, ``generated_tokens``), which are the same in
+    every iteration and so exactly k / iterations of the totals, and ``wall_seconds``
+    pro-rated the same way (an estimate: iterations differ a little in time). None when the
+    trailing mean never reaches ``target``.
+
+    The window smooths the noise of a batch of a few dozen rollouts; the reward is measured
+    on the training prompts of each iteration, not on the held-out prompts of ``final``.
+    """
+    if not isinstance(ppo_info, dict) or "history" not in ppo_info or "compute" not in ppo_info:
+        raise ValueError("ppo_info must be a PPO artifact's info dict with 'history' and 'compute'")
+    if isinstance(target, bool) or not isinstance(target, (int, float)):
+        raise TypeError(f"target must be a number, got {type(target).__name__}")
+    target = float(check_finite(torch.tensor(float(target)), "target"))
+    window = check_positive_int("window", window)
+    rewards = [float(v) for v in ppo_info["history"]["reward_mean"]]
+    kls = [float(v) for v in ppo_info["history"]["kl_mean"]]
+    compute = ppo_info["compute"]
+    iters = int(compute["iterations"])
+    if len(rewards) != iters or len(kls) != iters:
+        raise ValueError(f"ppo_info's history must have one entry per iteration ({iters}), got "
+                         f"{len(rewards)} rewards and {len(kls)} KLs")
+    for k in range(window, iters + 1):
+        mean_reward = sum(rewards[k - window:k]) / window
+        if mean_reward >= target:
+            out: dict[str, Any] = {"iterations": k, "reward": mean_reward,
+                                   "kl": sum(kls[k - window:k]) / window,
+                                   "wall_seconds": compute["wall_seconds"] * k / iters}
+            for key in ("forward_tokens", "backward_tokens", "generated_tokens"):
+                total = int(compute[key])
+                if total % iters:
+                    raise ValueError(f"compute[{key!r}] = {total} is not the same in every iteration")
+                out[key] = total // iters * k
+            return out
+    return None

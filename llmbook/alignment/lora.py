@@ -12,6 +12,17 @@ pretrained model at step 0. Dividing by r lets one keep alpha fixed while varyin
 training, Delta W is added into W ("merging"): inference then costs exactly what the base
 model costs.
 
+Three later refinements are options of the same layer, each tested against ``peft``:
+
+* **rsLoRA** (Kalajdzievski, 2023, "A Rank Stabilization Scaling Factor for Fine-Tuning with
+  LoRA"): scale by alpha / sqrt(r) instead of alpha / r (``use_rslora=True``), so that the
+  size of what a training step changes no longer falls with the rank;
+* **LoRA+** (Hayou, Ghosh and Yu, 2024, "LoRA+: Efficient Low Rank Adaptation of Large
+  Models"): train B with a learning rate lambda times A's (:func:`loraplus_param_groups`);
+* **DoRA** (Liu et al., 2024, "DoRA: Weight-Decomposed Low-Rank Adaptation"): split the
+  weight into a trained magnitude m (one number per output) and a direction,
+  W' = m (W + Delta W) / ||W + Delta W||, the norm taken per output unit (``use_dora=True``).
+
 The conventions are those of Hugging Face ``peft`` (tested against it on a Llama model):
 scaling alpha / r, A initialised as ``nn.Linear`` initialises its weights (Kaiming-uniform
 with a = sqrt(5), i.e. U(-1/sqrt(d_in), 1/sqrt(d_in))), B = 0, dropout on the adapter's
@@ -23,8 +34,11 @@ Contents:
 * :class:`LoRALinear` - a frozen ``nn.Linear`` plus the low-rank update, with merge/unmerge;
 * :func:`apply_lora`, :func:`merge_lora`, :func:`unmerge_lora`, :func:`lora_state_dict`,
   :func:`count_trainable_parameters` - the same on a whole model;
+* :func:`lora_scaling` and :func:`loraplus_param_groups` - rsLoRA's scaling and LoRA+'s
+  learning rates;
 * :func:`lora_parameter_count`, :func:`adamw_training_memory` and
-  :func:`lora_memory_ratio_symbolic` - what LoRA saves. QLoRA (Dettmers et al., 2023,
+  :func:`lora_memory_ratio_symbolic` - what LoRA saves, with mixed-precision AdamW by default
+  (16 bytes per trained parameter, 2 per frozen one). QLoRA (Dettmers et al., 2023,
   "QLoRA: Efficient Finetuning of Quantized LLMs") saves more by storing the frozen weights
   in 4-bit NF4: pass ``frozen_bytes_per_param=0.5`` to :func:`adamw_training_memory`,
   and :func:`quantize_frozen_nf4` rounds a model's linear weights to NF4 (chapter 15) so
@@ -38,9 +52,15 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from llmbook.validation import check_positive_int, check_same_dtype
+from llmbook.validation import (
+    check_nonnegative_number,
+    check_positive_int,
+    check_positive_number,
+    check_same_dtype,
+)
 
 __all__ = [
     "GPT2_TARGET_ALIASES",
@@ -50,7 +70,9 @@ __all__ = [
     "count_trainable_parameters",
     "lora_memory_ratio_symbolic",
     "lora_parameter_count",
+    "lora_scaling",
     "lora_state_dict",
+    "loraplus_param_groups",
     "merge_lora",
     "quantize_frozen_nf4",
     "unmerge_lora",
@@ -80,10 +102,30 @@ def _check_hyper(r: object, alpha: object, dropout: object) -> tuple[int, float,
     return r, float(alpha), float(dropout)
 
 
+def _check_flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def lora_scaling(r: int, alpha: float, use_rslora: bool = False) -> float:
+    """The factor gamma_r in front of B A: alpha / r (Hu et al., 2021), or alpha / sqrt(r)
+    with ``use_rslora`` (Kalajdzievski, 2023), as ``peft`` computes it.
+
+    Why sqrt(r): one gradient step from B = 0 changes the layer's output by
+    -eta gamma_r^2 ||A x||^2 g, and ||A x||^2 grows like r, so the change goes like
+    gamma_r^2 r: constant in r for gamma_r = alpha / sqrt(r), falling like 1 / r for alpha / r.
+    """
+    r, alpha, _ = _check_hyper(r, alpha, 0.0)
+    use_rslora = _check_flag("use_rslora", use_rslora)
+    return alpha / math.sqrt(r) if use_rslora else alpha / r
+
+
 class LoRALinear(nn.Module):
     """A frozen ``nn.Linear`` plus a trainable low-rank update (Hu et al., 2021, eq. 3).
 
-        y = base(x) + (alpha / r) * dropout(x) A^T B^T,
+        y = base(x) + gamma * dropout(x) A^T B^T,    gamma = alpha / r (alpha / sqrt(r) with
+                                                     ``use_rslora``, :func:`lora_scaling`)
 
     ``lora_A`` (r, d_in) is Kaiming-uniform (a = sqrt 5, as peft and ``nn.Linear``), drawn
     from ``generator`` when one is given; ``lora_B`` (d_out, r) is zero, so at first the
@@ -91,13 +133,25 @@ class LoRALinear(nn.Module):
     (``requires_grad=False``); A and B have the base weight's dtype and device.
     Shapes: (..., d_in) -> (..., d_out).
 
-    :meth:`merge` adds Delta W = (alpha / r) B A into ``base.weight`` and :meth:`unmerge`
-    subtracts it again; while merged, ``forward`` is ``base(x)`` alone, so the update is
-    never counted twice.
+    With ``use_dora`` (Liu et al., 2024, eq. 5) the layer computes with the weight
+
+        W' = diag(m / n) (W + gamma B A),    n = ||W + gamma B A|| per output unit (row of W),
+
+    and a trained magnitude ``lora_magnitude`` m (d_out,), initialised to the row norms of W,
+    so that again W' = W at the start. The norm n is a constant in the backward pass
+    (``detach``, the paper's section 4.3 and peft's choice): the direction's gradient is
+    (m / n) dL/dW' without the projection that differentiating n would add. As in peft, the
+    bias is not rescaled, and with dropout in training the rescaled base term sees the dropped
+    input: y = base(x) + (m / n - 1) W dropout(x) + (m / n) gamma B A dropout(x).
+
+    :meth:`merge` folds the update into ``base.weight`` (W + gamma B A, or W' for DoRA) and
+    :meth:`unmerge` takes it out again; while merged, ``forward`` is ``base(x)`` alone, so the
+    update is never counted twice.
     """
 
     def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, use_rslora: bool = False,
+                 use_dora: bool = False) -> None:
         super().__init__()
         if not isinstance(base, nn.Linear):
             raise TypeError(f"base must be a torch.nn.Linear, got {type(base).__name__}")
@@ -105,7 +159,9 @@ class LoRALinear(nn.Module):
         if self.r > min(base.in_features, base.out_features):
             raise ValueError(f"r={self.r} exceeds the layer's smaller side, min(d_in={base.in_features}, "
                              f"d_out={base.out_features}): B A could not have rank r")
-        self.scaling = self.alpha / self.r
+        self.use_rslora = _check_flag("use_rslora", use_rslora)
+        self.use_dora = _check_flag("use_dora", use_dora)
+        self.scaling = lora_scaling(self.r, self.alpha, self.use_rslora)
         self.base = base
         base.requires_grad_(False)
         kw: dict[str, Any] = {"dtype": base.weight.dtype, "device": base.weight.device}
@@ -114,8 +170,12 @@ class LoRALinear(nn.Module):
         # Kaiming-uniform with a = sqrt(5): gain sqrt(2 / 6), bound sqrt(3) gain / sqrt(d_in)
         # = 1 / sqrt(d_in), the default initialisation of nn.Linear.
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5), generator=generator)
-        self.dropout = nn.Dropout(p) if p > 0 else nn.Identity()
         self.merged = False
+        self._merged_dora_factor: Tensor | None = None
+        self.lora_magnitude: nn.Parameter | None = None
+        if self.use_dora:  # m = ||W + gamma B A|| = ||W|| per output unit, since B = 0
+            self.lora_magnitude = nn.Parameter(self.weight_norm())  # (d_out,)
+        self.dropout = nn.Dropout(p) if p > 0 else nn.Identity()
 
     @property
     def in_features(self) -> int:
@@ -126,8 +186,23 @@ class LoRALinear(nn.Module):
         return self.base.out_features
 
     def delta_weight(self) -> Tensor:
-        """Delta W = (alpha / r) B A, of shape (d_out, d_in) and rank at most r."""
+        """Delta W = gamma B A, of shape (d_out, d_in) and rank at most r."""
         return self.scaling * (self.lora_B @ self.lora_A)  # (d_out, d_in)
+
+    def weight_norm(self) -> Tensor:
+        """n = ||W + gamma B A|| per output unit (the L2 norm of each row), shape (d_out,),
+        detached from the graph (DoRA treats it as a constant in the backward pass)."""
+        with torch.no_grad():
+            w = self.base.weight
+            if self.merged:  # the base holds the merged weight; use the one it came from
+                w = self._unmerged_weight()
+            return torch.linalg.vector_norm(w + self.delta_weight(), dim=1)  # (d_out,)
+
+    def _unmerged_weight(self) -> Tensor:
+        w = self.base.weight
+        if self.use_dora:
+            return w / self._merged_dora_factor[:, None] - self.delta_weight()
+        return w - self.delta_weight()
 
     def forward(self, x: Tensor) -> Tensor:
         if not isinstance(x, Tensor):
@@ -139,27 +214,38 @@ class LoRALinear(nn.Module):
         y = self.base(x)  # (..., d_out)
         if self.merged:
             return y
-        h = self.dropout(x) @ self.lora_A.T  # (..., r)
-        return y + self.scaling * (h @ self.lora_B.T)  # (..., d_out)
+        x_d = self.dropout(x)
+        lora = self.scaling * ((x_d @ self.lora_A.T) @ self.lora_B.T)  # (..., r) -> (..., d_out)
+        if not self.use_dora:
+            return y + lora
+        factor = self.lora_magnitude / self.weight_norm()  # m / n, (d_out,); n is a constant
+        return y + (factor - 1) * F.linear(x_d, self.base.weight) + factor * lora
 
     @torch.no_grad()
     def merge(self) -> None:
-        """Fold the update into the base weight: W <- W + Delta W."""
+        """Fold the update into the base weight: W <- W + gamma B A, or W <- W' for DoRA."""
         if self.merged:
             raise RuntimeError("this LoRALinear is already merged; unmerge() it first")
-        self.base.weight += self.delta_weight()
+        if self.use_dora:
+            factor = self.lora_magnitude / self.weight_norm()  # (d_out,)
+            self.base.weight.copy_(factor[:, None] * (self.base.weight + self.delta_weight()))
+            self._merged_dora_factor = factor.clone()
+        else:
+            self.base.weight += self.delta_weight()
         self.merged = True
 
     @torch.no_grad()
     def unmerge(self) -> None:
-        """Undo :meth:`merge`: W <- W - Delta W (exact up to round-off)."""
+        """Undo :meth:`merge` (exact up to round-off)."""
         if not self.merged:
             raise RuntimeError("this LoRALinear is not merged; there is nothing to unmerge")
-        self.base.weight -= self.delta_weight()
+        self.base.weight.copy_(self._unmerged_weight())
+        self._merged_dora_factor = None
         self.merged = False
 
     def extra_repr(self) -> str:
-        return f"r={self.r}, alpha={self.alpha}, merged={self.merged}"
+        return (f"r={self.r}, alpha={self.alpha}, scaling={self.scaling:g}, "
+                f"use_dora={self.use_dora}, merged={self.merged}")
 
 
 def _linear_names(model: nn.Module) -> dict[str, nn.Linear]:
@@ -168,8 +254,11 @@ def _linear_names(model: nn.Module) -> dict[str, nn.Linear]:
 
 
 def apply_lora(model: nn.Module, target_modules: str | Iterable[str], r: int, alpha: float,
-               dropout: float = 0.0, generator: torch.Generator | None = None) -> nn.Module:
+               dropout: float = 0.0, generator: torch.Generator | None = None,
+               use_rslora: bool = False, use_dora: bool = False) -> nn.Module:
     """Freeze ``model`` and put a :class:`LoRALinear` on each targeted linear layer, in place.
+
+    ``use_rslora`` and ``use_dora`` are passed to every layer (peft's options of the same names).
 
     A layer is targeted when the last component of its name is in ``target_modules`` (a
     name or a list of names); GPT-2's Hugging Face names are translated with
@@ -185,6 +274,7 @@ def apply_lora(model: nn.Module, target_modules: str | Iterable[str], r: int, al
         raise TypeError(f"target_modules must be a non-empty list of module names, "
                         f"got {target_modules!r}")
     r, alpha, dropout = _check_hyper(r, alpha, dropout)
+    use_rslora, use_dora = _check_flag("use_rslora", use_rslora), _check_flag("use_dora", use_dora)
     if any(isinstance(m, LoRALinear) for m in model.modules()):
         raise ValueError("model already has LoRALinear layers; apply_lora once per model")
     linears = _linear_names(model)
@@ -203,7 +293,8 @@ def apply_lora(model: nn.Module, target_modules: str | Iterable[str], r: int, al
         parent_name, _, child = name.rpartition(".")
         if child in wanted:
             parent = model.get_submodule(parent_name)
-            setattr(parent, child, LoRALinear(linear, r, alpha, dropout, generator=generator))
+            setattr(parent, child, LoRALinear(linear, r, alpha, dropout, generator=generator,
+                                              use_rslora=use_rslora, use_dora=use_dora))
     return model
 
 
@@ -229,14 +320,48 @@ def unmerge_lora(model: nn.Module) -> nn.Module:
 
 
 def lora_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """Only the adapter weights (the ``lora_A`` and ``lora_B`` entries of the state dict).
+    """Only the adapter weights (the ``lora_A``, ``lora_B`` and, for DoRA,
+    ``lora_magnitude`` entries of the state dict).
 
     This is all a fine-tune needs to save; load it back into a model prepared with the same
     :func:`apply_lora` call by ``model.load_state_dict(sd, strict=False)``.
     """
     _lora_layers(model)
     return {k: v for k, v in model.state_dict().items()
-            if k.endswith(".lora_A") or k.endswith(".lora_B")}
+            if k.rsplit(".", 1)[-1] in ("lora_A", "lora_B", "lora_magnitude")}
+
+
+def loraplus_param_groups(model: nn.Module, lr: float, lr_ratio: float,
+                          weight_decay: float = 0.0) -> list[dict[str, Any]]:
+    """Optimizer parameter groups for LoRA+ (Hayou, Ghosh and Yu, 2024): B learns faster.
+
+    The trainable parameters of ``model`` in two groups: the ``lora_A`` matrices (and any
+    other trainable matrix) at learning rate ``lr``, and the ``lora_B`` matrices with every
+    trainable vector (DoRA's magnitudes, biases) at ``lr * lr_ratio``, lambda = eta_B / eta_A.
+    This is the grouping of peft's ``create_loraplus_optimizer`` (without its separate group
+    for adapters on embeddings, which the book's LoRA does not place). Pass the result to any
+    ``torch.optim`` optimizer: ``torch.optim.AdamW(loraplus_param_groups(m, 1e-3, 16))``.
+
+    Why: with B = 0 and A random, a step on B moves the output by an amount set by ||A x||^2,
+    which does not grow with the width d, while a step on A moves it by an amount set by
+    ||x||^2, which grows like d; for both to move the output by comparable amounts as d
+    grows, eta_B / eta_A must grow like d (Hayou et al. derive this in the limit of large
+    width; with Adam, whose steps have a size set by eta alone, the same counting holds).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    lr = check_positive_number("lr", lr)
+    lr_ratio = check_positive_number("lr_ratio", lr_ratio)
+    weight_decay = check_nonnegative_number("weight_decay", weight_decay)
+    group_a: list[nn.Parameter] = []
+    group_b: list[nn.Parameter] = []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (group_b if name.rsplit(".", 1)[-1] == "lora_B" or p.ndim == 1 else group_a).append(p)
+    if not group_a and not group_b:
+        raise ValueError("model has no trainable parameters; call apply_lora first")
+    return [{"params": group_a, "lr": lr, "weight_decay": weight_decay},
+            {"params": group_b, "lr": lr * lr_ratio, "weight_decay": weight_decay}]
 
 
 def count_trainable_parameters(model: nn.Module) -> int:
@@ -285,40 +410,61 @@ def lora_parameter_count(d_in: int, d_out: int, r: int) -> int:
     return r * (d_in + d_out)
 
 
-def adamw_training_memory(n_trainable: int, n_frozen: int, bytes_per_param: float = 4.0,
-                          frozen_bytes_per_param: float | None = None) -> dict[str, float]:
-    """Bytes of training state with AdamW: weights, gradients and the two moment estimates.
+def adamw_training_memory(n_trainable: int, n_frozen: int, weight_bytes: float = 2,
+                          grad_bytes: float = 2, master_bytes: float = 4, moment_bytes: float = 4,
+                          frozen_bytes: float | None = None) -> dict[str, float]:
+    """Bytes of training state with AdamW: weights, gradients, master weights, moments.
 
-    A trainable parameter holds its weight, its gradient and Adam's m and v: 4 numbers of
-    ``bytes_per_param`` bytes each. A frozen one holds only its weight, of
-    ``frozen_bytes_per_param`` bytes (default ``bytes_per_param``; QLoRA's NF4 is 0.5 plus
-    its quantisation constants). Activations, which depend on batch and sequence length,
-    are not counted. Returns ``weights``, ``gradients``, ``optimizer`` and ``total``.
-    Full fine-tuning is ``n_frozen=0``.
+    The defaults are mixed precision (Micikevicius et al., 2018), what large models are
+    trained with: a trained parameter holds a 16-bit weight (2 bytes) and gradient (2), a
+    float32 master copy (4) and Adam's float32 m and v (4 + 4), 16 bytes in all; a frozen one
+    holds only its weight, ``frozen_bytes`` (default ``weight_bytes``: 2; QLoRA's NF4 is 0.5
+    plus its quantisation constants). Plain float32 training is ``weight_bytes=4,
+    grad_bytes=4, master_bytes=0``: 16 bytes per trained parameter too, 4 per frozen one.
+    Activations, which depend on batch and sequence length, and Adam's per-tensor step
+    counters are not counted. Returns ``weights``, ``gradients``, ``master weights``,
+    ``optimizer`` and ``total``, the parts :func:`llmbook.training.memory.training_state_bytes`
+    measures on a real step. Full fine-tuning is ``n_frozen=0``.
     """
     for name, n in (("n_trainable", n_trainable), ("n_frozen", n_frozen)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"{name} must be a non-negative int, got {name}={n!r}")
-    b = bytes_per_param
-    bf = b if frozen_bytes_per_param is None else frozen_bytes_per_param
-    for name, value in (("bytes_per_param", b), ("frozen_bytes_per_param", bf)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ValueError(f"{name} must be a positive number, got {name}={value!r}")
-    parts = {"weights": float(n_trainable * b + n_frozen * bf),
-             "gradients": float(n_trainable * b),
-             "optimizer": float(2 * n_trainable * b)}  # Adam's m and v
+    wb = check_positive_number("weight_bytes", weight_bytes)
+    gb = check_positive_number("grad_bytes", grad_bytes)
+    mb = check_nonnegative_number("master_bytes", master_bytes)
+    ob = check_positive_number("moment_bytes", moment_bytes)
+    fb = wb if frozen_bytes is None else check_positive_number("frozen_bytes", frozen_bytes)
+    parts = {"weights": float(n_trainable * wb + n_frozen * fb),
+             "gradients": float(n_trainable * gb),
+             "master weights": float(n_trainable * mb),
+             "optimizer": float(2 * n_trainable * ob)}  # Adam's m and v
     parts["total"] = sum(parts.values())
     return parts
 
 
-def lora_memory_ratio_symbolic() -> Any:
-    """The ratio (LoRA training memory) / (full fine-tuning memory) of one d_out x d_in matrix.
+def lora_memory_ratio_symbolic(trainable_bytes: float = 16, frozen_bytes: float = 2) -> Any:
+    """The ratio rho = (LoRA training memory) / (full fine-tuning memory) of one d_out x d_in matrix.
 
-    With b bytes per number, full fine-tuning keeps 4 d_in d_out numbers (weight, gradient,
-    m, v); LoRA keeps d_in d_out frozen numbers plus 4 r (d_in + d_out). As a sympy
-    expression in the symbols ``d_in``, ``d_out``, ``r``; it tends to 1/4 when r << d.
+    A trained parameter costs t = ``trainable_bytes`` (16 with mixed-precision AdamW: 2 + 2 +
+    4 + 4 + 4, see :func:`adamw_training_memory`), a frozen one f = ``frozen_bytes`` (2, its
+    16-bit weight). Full fine-tuning keeps t d_in d_out bytes; LoRA keeps f d_in d_out frozen
+    and t r (d_in + d_out) trained:
+
+        rho = (f d_in d_out + t r (d_in + d_out)) / (t d_in d_out),
+
+    a sympy expression in the symbols ``d_in``, ``d_out``, ``r`` (positive integers); t and
+    f may be Python numbers or exact sympy numbers. It
+    tends to f / t when r << d: 1/8 in mixed precision, 1/4 in float32 (t = 16, f = 4).
     """
     import sympy as sp
 
+    def exact(name: str, value: object) -> Any:  # a Python number, or an exact sympy one
+        if isinstance(value, sp.Expr) and value.is_number:
+            if not (value.is_positive and value.is_finite):
+                raise ValueError(f"{name} must be a positive finite number, got {name}={value}")
+            return value
+        return sp.nsimplify(check_positive_number(name, value))
+
+    t, f = exact("trainable_bytes", trainable_bytes), exact("frozen_bytes", frozen_bytes)
     d_in, d_out, r = sp.symbols("d_in d_out r", positive=True, integer=True)
-    return sp.simplify((d_in * d_out + 4 * r * (d_in + d_out)) / (4 * d_in * d_out))
+    return (f * d_in * d_out + t * r * (d_in + d_out)) / (t * d_in * d_out)

@@ -28,7 +28,7 @@ setting is small enough to train in a minute on one core:
   Critical Perspective").
 
 Test-time compute (majority voting, best-of-N, pass@k) is in
-:mod:`llmbook.alignment.test_time`.
+:mod:`llmbook.alignment.repeated_sampling`.
 """
 
 from __future__ import annotations

@@ -14,23 +14,26 @@ from llmbook.alignment.lora import lora_memory_ratio_symbolic
 # ---------------------------------------------------------------- exercise 1
 
 
-def breakeven_ranks() -> tuple[sp.Expr, sp.Expr]:
+def breakeven_ranks(trainable_bytes: float = 16, frozen_bytes: float = 2) -> tuple[sp.Expr, sp.Expr]:
     """The rank at which an adapter has as many parameters as W, and the rank at which
     LoRA's AdamW training memory equals full fine-tuning's, as SymPy expressions in
-    ``d_in`` and ``d_out``.
+    ``d_in`` and ``d_out`` (mixed precision by default: t = 16 bytes per trained parameter,
+    f = 2 per frozen one).
 
     r (d_in + d_out) = d_in d_out gives r = d_in d_out / (d_in + d_out); rho(r) = 1 gives
-    r = 3 d_in d_out / (4 (d_in + d_out)), three quarters of the first: the frozen weight
-    still costs one number per entry, so memory breaks even earlier.
+    t r (d_in + d_out) = (t - f) d_in d_out, r = (1 - f / t) d_in d_out / (d_in + d_out):
+    7/8 of the first in mixed precision (3/4 in float32). The memory break-even rank is the
+    *smaller* one: at that rank LoRA still keeps the frozen W, f bytes per entry, on top of
+    its adapters, so the adapters must cost less than full fine-tuning's state by that much.
     """
     d_in, d_out, r = sp.symbols("d_in d_out r", positive=True, integer=True)
     params = sp.solve(sp.Eq(r * (d_in + d_out), d_in * d_out), r)[0]
-    memory = sp.solve(sp.Eq(lora_memory_ratio_symbolic(), 1), r)[0]
+    memory = sp.solve(sp.Eq(lora_memory_ratio_symbolic(trainable_bytes, frozen_bytes), 1), r)[0]
     return sp.simplify(params), sp.simplify(memory)
 
 
 def breakeven_for(d_in: int, d_out: int) -> tuple[sp.Rational, sp.Rational]:
-    """Both break-even ranks for a d_out x d_in matrix, exact."""
+    """Both break-even ranks for a d_out x d_in matrix, exact (mixed precision)."""
     params, memory = breakeven_ranks()
     subs = {sp.Symbol("d_in", positive=True, integer=True): d_in,
             sp.Symbol("d_out", positive=True, integer=True): d_out}

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from llmbook.alignment.losses import group_normalized_rewards, grpo_loss
-from llmbook.alignment.test_time import majority_probability_symbolic
+from llmbook.alignment.repeated_sampling import majority_probability_symbolic
 
 p = sp.Symbol("p", positive=True)
 

@@ -1,4 +1,4 @@
-"""Tests for llmbook.alignment.test_time: voting, pass@k, best-of-N and their formulas.
+"""Tests for llmbook.alignment.repeated_sampling: voting, pass@k, best-of-N and their formulas.
 
 Each formula is checked three ways where it can be: its SymPy form against its float form,
 against an independent computation (exact fractions with ``math.comb``; torch's Binomial
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from seeded import gen
 
-from llmbook.alignment.test_time import (
+from llmbook.alignment.repeated_sampling import (
     expected_max_gaussian,
     expected_max_uniform_symbolic,
     expected_pass_at_k_symbolic,
