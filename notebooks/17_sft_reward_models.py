@@ -609,7 +609,9 @@ print(f"sampled responses (all pairs) with more than two keywords: {int((sampled
 # reward model's accuracy alone says little about how safely a policy can be optimised
 # against it (chapter 18).
 #
-# Finally, the scores stored with the artifact are recomputed here from the loaded model:
+# Finally, the scores stored with the artifact are recomputed here from the loaded model, and
+# the recomputed accuracy is held against the ceiling $A^*$ derived with SymPy in section
+# 17.6 (not against the ceiling stored beside it):
 
 # %%
 r_c = rm(test_pairs.prompts, test_pairs.chosen).detach()
@@ -623,8 +625,9 @@ checks.close("Pearson correlation", scores["pearson"], pearson_correlation(learn
              tol=1e-4, digits=2)
 checks.close("Spearman correlation", scores["spearman"], spearman_correlation(learned_now, true_t),
              tol=1e-3, digits=2)
-checks.true("accuracy below the Bayes ceiling + 0.03", scores["accuracy"] < scores["bayes_accuracy"] + 0.03)
-checks.true("accuracy above chance + 0.05", scores["accuracy"] > 0.55)
+acc_now = float(pairwise_accuracy(r_c, r_r))
+checks.true("recomputed accuracy below the SymPy Bayes ceiling A* + 0.03", acc_now < float(ceiling) + 0.03)
+checks.true("recomputed accuracy above chance + 0.05", acc_now > 0.55)
 checks
 
 # %% [markdown]
