@@ -32,3 +32,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def trl():
+    """trl, imported once (slow); the peer tests are written against 1.16.0's internals."""
+    trl = pytest.importorskip("trl")
+    if trl.__version__ != "1.16.0":
+        pytest.skip(f"peer tests read trl 1.16.0's trainer internals, found trl {trl.__version__}")
+    return trl

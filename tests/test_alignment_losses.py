@@ -47,6 +47,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from seeded import gen
+from trl_stubs import Accelerator as _Accelerator
 
 from llmbook.alignment.losses import (
     GRPOLossOutput,
@@ -84,32 +85,6 @@ def sigmoid(x: float) -> float:
 
 
 # ---------------------------------------------------------------- trl stubs
-
-
-@pytest.fixture(scope="module")
-def trl():
-    """trl, imported once (slow); the peer tests are written against 1.16.0's internals."""
-    trl = pytest.importorskip("trl")
-    if trl.__version__ != "1.16.0":
-        pytest.skip(f"peer tests read trl 1.16.0's trainer internals, found trl {trl.__version__}")
-    return trl
-
-
-class _Accelerator:
-    """A single-process accelerate.Accelerator: gathering and reducing are the identity."""
-
-    device = torch.device("cpu")
-    num_processes = 1
-    process_index = 0
-    sync_gradients = True
-
-    def gather(self, x):
-        return x
-
-    gather_for_metrics = gather
-
-    def reduce(self, x, reduction="sum"):
-        return x
 
 
 class _EvalModel:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from seeded import gen
+from trl_stubs import Accelerator as _Accelerator
 
 from llmbook.alignment.losses import dpo_loss
 from llmbook.alignment.preference_losses import (
@@ -52,18 +53,6 @@ def logps(n: int, seed: int, low: float = -4.0, high: float = -0.01) -> torch.Te
 
 
 # ---------------------------------------------------------------- trl
-
-
-@pytest.fixture(scope="module")
-def trl():
-    trl = pytest.importorskip("trl")
-    if trl.__version__ != "1.16.0":
-        pytest.skip(f"peer tests read trl 1.16.0's trainer internals, found trl {trl.__version__}")
-    return trl
-
-
-class _Accelerator:
-    device = torch.device("cpu")
 
 
 def _bare(cls, **attributes):
