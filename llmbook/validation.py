@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_finite", "check_floating_tensor", "check_index", "check_keys", "check_nonempty",
+__all__ = ["check_array", "check_finite", "check_floating_tensor", "check_index", "check_keys", "check_nonempty",
            "check_nonnegative_number", "check_positive_int", "check_positive_number", "check_probability",
            "check_same_dtype", "check_sequence", "check_token_ids"]
 
@@ -173,3 +173,34 @@ def check_keys(mapping: object, name: str, keys: Iterable[str]) -> Mapping:
     if missing:
         raise ValueError(f"{name} is missing the key(s) {missing}: it needs {keys}, got {list(mapping)}")
     return mapping
+
+
+def check_array(name: str, values: object, ndim: int = 1, sign: str | None = None) -> np.ndarray:
+    """``values`` (a list, tuple, numpy array or tensor) as a finite float64 array of ``ndim`` dims.
+
+    ``sign`` adds ``"nonnegative"`` (every entry >= 0) or ``"positive"`` (every entry > 0).
+    A 1-D array must be non-empty. Raises ``TypeError`` for a string, a scalar or entries that
+    are not numbers, and ``ValueError`` for the wrong number of dimensions, an empty vector, a
+    non-finite entry or one of the wrong sign; each message names ``name``.
+    """
+    if sign not in (None, "nonnegative", "positive"):
+        raise ValueError(f"sign must be None, 'nonnegative' or 'positive', got {sign!r}")
+    if hasattr(values, "detach"):  # a torch tensor, without importing torch here
+        values = values.detach().cpu().numpy()  # type: ignore[union-attr]
+    if isinstance(values, str | bytes) or not isinstance(values, list | tuple | np.ndarray):
+        raise TypeError(f"{name} must be a sequence of numbers, got {type(values).__name__}")
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"{name} must hold numbers, got {values!r}") from err
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
+    if ndim == 1 and arr.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D sequence, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite, got {arr.tolist()}")
+    if sign == "positive" and np.any(arr <= 0):
+        raise ValueError(f"{name} must be positive, got {arr.tolist()}")
+    if sign == "nonnegative" and np.any(arr < 0):
+        raise ValueError(f"{name} must be non-negative, got {arr.tolist()}")
+    return arr

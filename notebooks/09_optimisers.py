@@ -35,7 +35,15 @@ from torch import nn
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
 from llmbook.text.data import default_source
 from llmbook.text.embedding import TokenEmbedding
-from llmbook.training.optim import SGD, Adam, AdamW, clip_grad_norm_, cosine_schedule, set_lr
+from llmbook.training.optim import (
+    SGD,
+    Adam,
+    AdamW,
+    clip_grad_norm_,
+    cosine_schedule,
+    gradient_vector,
+    set_lr,
+)
 from llmbook.transformer.attention import MultiHeadAttention
 from llmbook.transformer.layers import MLP, LayerNorm
 
@@ -553,21 +561,17 @@ def grads_of(model, freeze_pos=False):
     return model
 
 
-def flat_grad(model):
-    return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
-
-
 checks = Checks("gradient clipping against torch.nn.utils.clip_grad_norm_")
 for max_norm, freeze in [(0.1, False), (0.1, True), (100.0, False)]:
     ours, ref = grads_of(base, freeze), grads_of(base, freeze)
-    before = flat_grad(ours).clone()
+    before = gradient_vector(ours).clone()
     n_ours, n_ref = clip_grad_norm_(ours.parameters(), max_norm), torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm)
     what = f"c = {max_norm}" + (", pos frozen" if freeze else "")
     checks.close(f"returned norm, {what}", n_ref, n_ours, tol=1e-6, rel=True)
-    checks.close(f"clipped gradients, {what}", flat_grad(ref), flat_grad(ours), tol=1e-9)
+    checks.close(f"clipped gradients, {what}", gradient_vector(ref), gradient_vector(ours), tol=1e-9)
     n = n_ref.item()
-    checks.close(f"norm after: min(n, c n / (n + 1e-6)), {what}", min(n, max_norm * n / (n + 1e-6)), flat_grad(ours).norm(), tol=1e-6, rel=True)
-    checks.close(f"direction kept: cos(before, after), {what}", 1.0, F.cosine_similarity(before.double(), flat_grad(ours).double(), dim=0), tol=1e-12)
+    checks.close(f"norm after: min(n, c n / (n + 1e-6)), {what}", min(n, max_norm * n / (n + 1e-6)), gradient_vector(ours).norm(), tol=1e-6, rel=True)
+    checks.close(f"direction kept: cos(before, after), {what}", 1.0, F.cosine_similarity(before.double(), gradient_vector(ours).double(), dim=0), tol=1e-12)
 checks
 
 # %% [markdown]

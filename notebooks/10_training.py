@@ -61,6 +61,7 @@ from llmbook.training.memory import (
     scaler_trajectory,
     training_state_bytes,
 )
+from llmbook.training.optim import gradient_vector
 from llmbook.training.packing import ResumableBatches, pack_documents
 from llmbook.training.pretrained import book_model
 from llmbook.training.train import (
@@ -581,7 +582,7 @@ show_source(MasterWeightOptimizer.step)
 model_g = TransformerLM(small, generator=torch.Generator().manual_seed(1)).double()
 xg, yg = get_batch(tokens, 32, 16, generator=torch.Generator().manual_seed(0))
 torch.nn.functional.cross_entropy(model_g(xg).reshape(-1, 16), yg.reshape(-1)).backward()
-grads = torch.cat([p.grad.flatten() for p in model_g.parameters()])
+grads = gradient_vector(model_g)
 grads = grads[grads != 0]
 print(f"{grads.numel():,} non-zero gradient entries, |g| from {grads.abs().min().item():.1e} "
       f"to {grads.abs().max().item():.3f}")

@@ -47,6 +47,7 @@ from llmbook.training.batch_size import (
     steps_to_target,
     unbiased_noise_estimates,
 )
+from llmbook.training.optim import gradient_vector
 from llmbook.training.train import get_batch
 from llmbook.transformer.model import TransformerConfig, TransformerLM
 
@@ -106,10 +107,6 @@ print("counted targets per micro-batch:", counts)
 
 
 # %%
-def gradient_vector(model):
-    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-
-
 model.zero_grad()
 x_all, y_all = torch.cat([x for x, _ in micro]), torch.cat([y for _, y in micro])
 full_loss = F.cross_entropy(model(x_all).reshape(-1, V), y_all.reshape(-1), ignore_index=PAD)

@@ -40,6 +40,7 @@ from llmbook.training.mixtures import (
     sample_sources,
     synthetic_mixture_source,
     temperature_weights,
+    total_variation,
     train_on_mixture,
 )
 from llmbook.training.train import TrainConfig
@@ -308,13 +309,7 @@ for cat in claim:
     print(f"{cat:<12}{claim[cat]:>8.1f}" + "".join(f"{s[cat]:>10.2f}" for s in shares.values()))
 
 
-def tv_distance(a: dict, b: dict) -> float:
-    """Total variation distance between two category shares in percent (each normalised)."""
-    ta, tb = sum(a.values()), sum(b.values())
-    return 0.5 * sum(abs(a[c] / ta - b[c] / tb) for c in a)
-
-
-tv = {n: tv_distance(claim, s) for n, s in shares.items()}
+tv = {n: total_variation(claim, s) for n, s in shares.items()}
 print("\ntotal variation distance from the claim: "
       + ", ".join(f"{n} {d:.2f}" for n, d in tv.items()))
 

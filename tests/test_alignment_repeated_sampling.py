@@ -24,6 +24,7 @@ from llmbook.alignment.repeated_sampling import (
     majority_probability_symbolic,
     pass_at_k,
     pass_at_n,
+    plurality,
     plurality_vote,
     vote_accuracy,
 )
@@ -34,6 +35,34 @@ p = sp.Symbol("p", positive=True)
 
 
 # ---------------------------------------------------------------- voting
+
+
+def test_plurality_any_hashable_and_generators():
+    assert plurality(["b", "a", "a", None, "b"]) == "a"  # tie: "a" reached two votes first
+    assert plurality(iter([(1, 2), None, (1, 2)])) == (1, 2)
+    assert plurality([]) is None and plurality([None]) is None
+    assert plurality([1.5, 2.5, 2.5]) == 2.5
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(-3, 3)), min_size=1, max_size=30))
+def test_plurality_is_a_mode_reached_first(answers):
+    winner = plurality(answers)
+    given_ = [a for a in answers if a is not None]
+    if not given_:
+        assert winner is None
+        return
+    counts = {a: given_.count(a) for a in given_}
+    top = max(counts.values())
+    assert counts[winner] == top
+    # among the modes, the winner is the one whose top-th occurrence comes first
+    def reach(a):
+        seen = 0
+        for i, x in enumerate(answers):
+            seen += x == a
+            if seen == top:
+                return i
+    assert reach(winner) == min(reach(a) for a in counts if counts[a] == top)
+    assert plurality_vote(answers) == winner
 
 
 def test_plurality_vote_examples():

@@ -247,7 +247,7 @@ def test_noise_scale_bad_input():
         noise_scale(np.ones((2, 1)), np.eye(2))
     with pytest.raises(ValueError, match="G\\^T H G > 0"):
         noise_scale(np.zeros(2), np.eye(2))
-    with pytest.raises(TypeError, match="G must be an array"):
+    with pytest.raises(TypeError, match="G must be a sequence of numbers"):
         noise_scale("G", np.eye(2))
 
 

@@ -24,6 +24,7 @@ from llmbook.training.mixtures import (
     sample_sources,
     synthetic_mixture_source,
     temperature_weights,
+    total_variation,
     train_on_mixture,
 )
 from llmbook.training.train import TrainConfig
@@ -327,3 +328,24 @@ def test_category_shares():
         category_shares({})
     with pytest.raises(ValueError, match=r"components\['a'\] must be a tuple"):
         category_shares({"a": 3.0})
+
+
+def test_total_variation_worked_examples_and_properties():
+    assert total_variation({"a": 60, "b": 40}, {"a": 0.5, "b": 0.5}) == pytest.approx(0.1, abs=1e-15)
+    assert total_variation({"a": 1, "b": 0}, {"a": 0, "b": 3}) == 1.0  # disjoint
+    assert total_variation({"x": 2, "y": 2}, {"y": 5, "x": 5}) == 0.0  # order and scale do not matter
+    a, b, c = {"p": 1, "q": 2, "r": 3}, {"p": 3, "q": 2, "r": 1}, {"p": 0, "q": 1, "r": 0}
+    assert total_variation(a, b) == pytest.approx(1 / 3, abs=1e-15)
+    assert total_variation(a, b) == total_variation(b, a)
+    assert total_variation(a, c) <= total_variation(a, b) + total_variation(b, c) + 1e-15
+
+
+def test_total_variation_bad_input():
+    with pytest.raises(ValueError, match="same categories"):
+        total_variation({"a": 1}, {"b": 1})
+    with pytest.raises(TypeError, match="a must be a non-empty mapping"):
+        total_variation({}, {"b": 1})
+    with pytest.raises(ValueError, match="b must be non-negative"):
+        total_variation({"a": 1, "b": 1}, {"a": 2, "b": -1})
+    with pytest.raises(ValueError, match="a must have a positive sum"):
+        total_variation({"a": 0, "b": 0}, {"a": 2, "b": 1})

@@ -14,7 +14,15 @@ from torch import nn
 
 from llmbook.text.data import default_source
 from llmbook.text.embedding import TokenEmbedding
-from llmbook.training.optim import SGD, Adam, AdamW, clip_grad_norm_, cosine_schedule, set_lr
+from llmbook.training.optim import (
+    SGD,
+    Adam,
+    AdamW,
+    clip_grad_norm_,
+    cosine_schedule,
+    gradient_vector,
+    set_lr,
+)
 from llmbook.transformer.attention import MultiHeadAttention
 from llmbook.transformer.layers import MLP, LayerNorm
 
@@ -534,3 +542,25 @@ def test_clipping_never_increases_the_norm_and_keeps_the_direction(seed, log_sca
     assert torch.allclose(norm.double(), before.norm(), rtol=1e-6)
     cos = (after @ before) / (after.norm() * before.norm())
     assert abs(cos.item() - 1.0) < 1e-6
+
+
+def test_gradient_vector_joins_grads_in_order_and_skips_frozen():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 5, bias=False))
+    model[0].bias.requires_grad_(False)
+    x = torch.arange(12.0).reshape(4, 3)
+    model(x).pow(2).sum().backward()
+    g = gradient_vector(model)
+    assert g.shape == (3 * 2 + 2 * 5,)
+    assert torch.equal(g, torch.cat([model[0].weight.grad.reshape(-1), model[1].weight.grad.reshape(-1)]))
+    assert torch.equal(gradient_vector([model[1].weight]), model[1].weight.grad.reshape(-1))
+    # a worked example: d/dw of (w . x)^2 = 2 (w . x) x
+    w = torch.tensor([1.0, -2.0], requires_grad=True)
+    (w @ torch.tensor([3.0, 0.5])).pow(2).backward()
+    assert gradient_vector([w]).tolist() == [12.0, 2.0]
+
+
+def test_gradient_vector_bad_input():
+    with pytest.raises(ValueError, match="no parameter has a gradient"):
+        gradient_vector(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="nn.Module or tensors"):
+        gradient_vector([1.0, 2.0])

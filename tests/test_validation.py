@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from llmbook.validation import (
+    check_array,
     check_floating_tensor,
     check_positive_int,
     check_positive_number,
@@ -156,3 +157,33 @@ def test_check_keys():
         check_keys(spec, "spec", ("seed", "steps"))
     with pytest.raises(TypeError, match="spec must be a dict, got list"):
         check_keys([1], "spec", ("seed",))
+
+
+def test_check_array_accepts_lists_tuples_arrays_and_tensors():
+    for values in ([1, 2.5], (1, 2.5), np.array([1, 2.5]), torch.tensor([1.0, 2.5])):
+        arr = check_array("x", values)
+        assert arr.dtype == np.float64 and arr.tolist() == [1.0, 2.5]
+    grid = check_array("m", [[1, 2, 3], [4, 5, 6]], ndim=2)
+    assert grid.shape == (2, 3)
+    assert check_array("w", [0, 1], sign="nonnegative").tolist() == [0.0, 1.0]
+
+
+def test_check_array_names_what_is_wrong():
+    with pytest.raises(TypeError, match="x must be a sequence of numbers, got str"):
+        check_array("x", "12")
+    with pytest.raises(TypeError, match="x must be a sequence of numbers, got float"):
+        check_array("x", 1.0)
+    with pytest.raises(TypeError, match="x must hold numbers"):
+        check_array("x", [1, "a"])
+    with pytest.raises(ValueError, match=r"x must be 2-D, got shape \(3,\)"):
+        check_array("x", [1, 2, 3], ndim=2)
+    with pytest.raises(ValueError, match="x must be a non-empty 1-D sequence"):
+        check_array("x", [])
+    with pytest.raises(ValueError, match="x must be finite"):
+        check_array("x", [1.0, float("nan")])
+    with pytest.raises(ValueError, match="x must be positive"):
+        check_array("x", [1.0, 0.0], sign="positive")
+    with pytest.raises(ValueError, match="x must be non-negative"):
+        check_array("x", [1.0, -1e-300], sign="nonnegative")
+    with pytest.raises(ValueError, match="sign must be"):
+        check_array("x", [1.0], sign="negative")

@@ -14,9 +14,9 @@ MATH format), "42 apples", "$12", "-3.5"; or a multiple-choice letter: "(B)",
 * :func:`parse_choice_answer`: the letter of a multiple-choice answer, or None; a bare
   capital "A" used as an article is never read as an answer.
 * :func:`majority_vote`: parse every response and return the most frequent answer
-  (self-consistency, Wang et al., 2023): the plurality vote of
-  :func:`llmbook.alignment.repeated_sampling.plurality_vote`, with the same tie rule, over any
-  hashable answers (numbers as fractions, letters) instead of ints only.
+  (self-consistency, Wang et al., 2023) by
+  :func:`llmbook.alignment.repeated_sampling.plurality`, the count that ``plurality_vote``
+  uses on ints, here over any hashable answers (numbers as fractions, letters).
 * :func:`pass_at_k_enumerated`: pass@k by its definition, the fraction of the C(n, k)
   subsets of k of the n samples that contain a right one (Chen et al., 2021, "Evaluating
   Large Language Models Trained on Code"); the reference that the closed form
@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from fractions import Fraction
 
+from llmbook.alignment.repeated_sampling import plurality
 from llmbook.validation import check_positive_int
 
 __all__ = [
@@ -174,9 +174,9 @@ def majority_vote(responses: Sequence[str],
 
     Each response is parsed by ``parser`` (default :func:`parse_numeric_answer`; pass
     :func:`parse_choice_answer` for letters); a response with no answer (None) votes for
-    nothing. Ties go to the answer that reached the top count first, as in
-    :func:`llmbook.alignment.repeated_sampling.plurality_vote`, which this generalises from ints to
-    any hashable answer. Returns None if no response has an answer.
+    nothing. Ties go to the answer that reached the top count first
+    (:func:`llmbook.alignment.repeated_sampling.plurality`). Returns None if no response has
+    an answer.
     """
     if isinstance(responses, str | bytes) or not isinstance(responses, Sequence):
         raise TypeError(f"responses must be a sequence of str, got {type(responses).__name__}")
@@ -184,16 +184,7 @@ def majority_vote(responses: Sequence[str],
         raise ValueError("responses is empty: a vote needs at least one response")
     if not callable(parser):
         raise TypeError(f"parser must be callable, got {parser!r}")
-    counts: Counter[Hashable] = Counter()
-    best, best_count = None, 0
-    for r in responses:
-        answer = parser(_check_text(r, "every response"))
-        if answer is None:
-            continue
-        counts[answer] += 1
-        if counts[answer] > best_count:
-            best, best_count = answer, counts[answer]
-    return best
+    return plurality(parser(_check_text(r, "every response")) for r in responses)
 
 
 def pass_at_k_enumerated(correct: Sequence[bool], k: int) -> Fraction:

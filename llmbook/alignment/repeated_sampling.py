@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 import sympy as sp
 import torch
@@ -44,6 +44,7 @@ __all__ = [
     "majority_probability_symbolic",
     "pass_at_k",
     "pass_at_n",
+    "plurality",
     "plurality_vote",
     "vote_accuracy",
 ]
@@ -72,27 +73,39 @@ def _probability_tensor(p: Tensor) -> Tensor:
 # ---------------------------------------------------------------- self-consistency
 
 
+def plurality(answers: Iterable[Hashable | None]) -> Hashable | None:
+    """The most frequent of ``answers`` (any hashable values; None, "no answer", never wins).
+
+    Ties go to the answer that reached the top count first in the given order, so the
+    vote is deterministic. Returns None if no answer was given at all. This is the counting
+    that :func:`plurality_vote` (integer answers) and
+    :func:`llmbook.alignment.answers.majority_vote` (answers parsed from text) share.
+    """
+    counts: Counter[Hashable] = Counter()
+    best, best_count = None, 0
+    for a in answers:
+        if a is None:
+            continue
+        counts[a] += 1
+        if counts[a] > best_count:
+            best, best_count = a, counts[a]
+    return best
+
+
 def plurality_vote(answers: Sequence[int | None]) -> int | None:
     """The most frequent answer among ``answers`` (None, "no answer", never wins).
 
     Ties go to the answer that reached the top count first in the given order, so the
-    vote is deterministic. Returns None if no answer was given at all.
+    vote is deterministic (:func:`plurality`). Returns None if no answer was given at all.
     """
     if isinstance(answers, str | bytes) or not isinstance(answers, Sequence):
         raise TypeError(f"answers must be a sequence of ints or None, got {type(answers).__name__}")
     if len(answers) == 0:
         raise ValueError("answers is empty: a vote needs at least one sample")
-    counts: Counter[int] = Counter()
-    best, best_count = None, 0
     for a in answers:
-        if a is None:
-            continue
-        if isinstance(a, bool) or not isinstance(a, int):
+        if a is not None and (isinstance(a, bool) or not isinstance(a, int)):
             raise TypeError(f"answers must be ints or None, found {a!r}")
-        counts[a] += 1
-        if counts[a] > best_count:
-            best, best_count = a, counts[a]
-    return best
+    return plurality(answers)  # type: ignore[return-value]
 
 
 def vote_accuracy(answers: Sequence[Sequence[int | None]], truths: Sequence[int], num_votes: int) -> float:

@@ -44,10 +44,15 @@ from torch.optim import Optimizer
 
 from llmbook.text.data import MarkovSource
 from llmbook.text.functional import cross_entropy
-from llmbook.training.optim import AdamW, clip_grad_norm_, cosine_schedule, set_lr
+from llmbook.training.optim import AdamW, clip_grad_norm_, cosine_schedule, gradient_vector, set_lr
 from llmbook.training.train import get_batch, param_groups, train_step
 from llmbook.transformer.model import TransformerConfig, TransformerLM
-from llmbook.validation import check_nonnegative_number, check_positive_int, check_positive_number
+from llmbook.validation import (
+    check_array,
+    check_nonnegative_number,
+    check_positive_int,
+    check_positive_number,
+)
 
 __all__ = [
     "BatchSizeExperiment",
@@ -171,19 +176,6 @@ def global_batch_size(micro_batch_size: int, accumulation_steps: int, world_size
 # ---------------------------------------------------------------- the noise scale
 
 
-def _as_array(name: str, x: object, ndim: int) -> np.ndarray:
-    if isinstance(x, Tensor):
-        x = x.detach().cpu().numpy()
-    if not isinstance(x, np.ndarray | list | tuple):
-        raise TypeError(f"{name} must be an array, got {type(x).__name__}")
-    arr = np.asarray(x, dtype=np.float64)
-    if arr.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
-    if not np.isfinite(arr).all():
-        raise ValueError(f"{name} must be finite")
-    return arr
-
-
 def noise_scale(G: object, Sigma: object, H: object | None = None) -> float:
     """B_noise = tr(H Sigma) / (G^T H G), or B_simple = tr(Sigma) / |G|^2 when ``H`` is None.
 
@@ -192,15 +184,15 @@ def noise_scale(G: object, Sigma: object, H: object | None = None) -> float:
     the batch size at which the optimal step reaches half its noise-free size.
     With H = h I the two are equal.
     """
-    g = _as_array("G", G, 1)
-    s = _as_array("Sigma", Sigma, 2)
+    g = check_array("G", G, 1)
+    s = check_array("Sigma", Sigma, 2)
     if s.shape != (g.size, g.size):
         raise ValueError(f"Sigma must be ({g.size}, {g.size}) for G of shape {g.shape}, "
                          f"got {s.shape}")
     if H is None:
         num, den = float(np.trace(s)), float(g @ g)
     else:
-        h = _as_array("H", H, 2)
+        h = check_array("H", H, 2)
         if h.shape != s.shape:
             raise ValueError(f"H must be {s.shape}, got {h.shape}")
         num, den = float(np.trace(h @ s)), float(g @ h @ g)
@@ -256,7 +248,7 @@ def microbatch_noise_estimate(grads: Tensor | np.ndarray, micro_batch_size: int)
     mean row (the accumulated gradient): :func:`unbiased_noise_estimates`. The tr(Sigma)
     estimate equals b times the trace of the rows' unbiased sample covariance.
     """
-    g = _as_array("grads", grads, 2)
+    g = check_array("grads", grads, 2)
     k = g.shape[0]
     if k < 2:
         raise ValueError(f"grads needs at least 2 micro-batch gradients (rows), got {k}")
@@ -277,7 +269,7 @@ def linear_regression_gradient_moments(w: object, w_star: object,
     G = d and Sigma = d d^T + (|d|^2 + noise_std^2) I, so tr Sigma = (P + 1)|d|^2 + P sigma^2.
     The Hessian is I, so B_noise = B_simple here.
     """
-    w_arr, ws = _as_array("w", w, 1), _as_array("w_star", w_star, 1)
+    w_arr, ws = check_array("w", w, 1), check_array("w_star", w_star, 1)
     if w_arr.shape != ws.shape:
         raise ValueError(f"w and w_star must have the same shape, got {w_arr.shape} and {ws.shape}")
     if isinstance(noise_std, bool) or not isinstance(noise_std, int | float) or \
@@ -299,7 +291,7 @@ def steps_to_target(steps: object, losses: object, target: float) -> float:
     the crossing is found by linear interpolation in log(step) (the points are usually
     spaced geometrically), or linearly if the earlier step is 0.
     """
-    s, lo = _as_array("steps", steps, 1), _as_array("losses", losses, 1)
+    s, lo = check_array("steps", steps, 1), check_array("losses", losses, 1)
     if s.shape != lo.shape or s.size == 0:
         raise ValueError(f"steps and losses must be non-empty and of one shape, got "
                          f"{s.shape} and {lo.shape}")
@@ -352,7 +344,7 @@ def fit_steps_examples_tradeoff(batch_sizes: object, steps: object) -> TradeoffF
     problem, so that a run of 2000 steps and one of 20 count alike. Needs at least two
     distinct batch sizes; returns the fit and its relative RMS error.
     """
-    b, s = _as_array("batch_sizes", batch_sizes, 1), _as_array("steps", steps, 1)
+    b, s = check_array("batch_sizes", batch_sizes, 1), check_array("steps", steps, 1)
     if b.shape != s.shape:
         raise ValueError(f"batch_sizes and steps must have one shape, got {b.shape} and {s.shape}")
     if np.any(b <= 0) or np.any(s <= 0):
@@ -549,8 +541,7 @@ class BatchSizeExperiment:
             x, y = get_batch(tokens, self.noise_micro_batch, self.context, generator=generator)
             model.zero_grad(set_to_none=True)
             cross_entropy(model(x), y).backward()
-            rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()
-                                   if p.grad is not None]).double())
+            rows.append(gradient_vector(model).double())
         model.zero_grad(set_to_none=True)
         return microbatch_noise_estimate(torch.stack(rows), self.noise_micro_batch)
 

@@ -36,6 +36,7 @@ from llmbook.paths import data_path, missing_data
 from llmbook.text.data import MarkovSource
 from llmbook.training.optim import AdamW, cosine_schedule
 from llmbook.training.train import TrainConfig, _check_tokens, get_batch, param_groups, train_step
+from llmbook.validation import check_array
 
 __all__ = [
     "PUBLISHED_MIXTURES",
@@ -48,6 +49,7 @@ __all__ = [
     "mixture_batch",
     "sample_sources",
     "synthetic_mixture_source",
+    "total_variation",
     "temperature_weights",
     "train_on_mixture",
 ]
@@ -58,23 +60,7 @@ __all__ = [
 
 def _vector(name: str, values: object, positive: bool = False) -> np.ndarray:
     """A 1-D, finite, non-negative (or positive) float64 array, or an error naming ``name``."""
-    if isinstance(values, Tensor):
-        values = values.detach().cpu().numpy()
-    if isinstance(values, str | bytes) or not isinstance(values, Sequence | np.ndarray):
-        raise TypeError(f"{name} must be a sequence of numbers, got {type(values).__name__}")
-    try:
-        arr = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError) as err:
-        raise TypeError(f"{name} must hold numbers, got {values!r}") from err
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"{name} must be a non-empty 1-D sequence, got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must be finite, got {arr.tolist()}")
-    if positive and np.any(arr <= 0):
-        raise ValueError(f"{name} must be positive, got {arr.tolist()}")
-    if np.any(arr < 0):
-        raise ValueError(f"{name} must be non-negative, got {arr.tolist()}")
-    return arr
+    return check_array(name, values, ndim=1, sign="positive" if positive else "nonnegative")
 
 
 def _distribution(name: str, weights: object) -> np.ndarray:
@@ -488,3 +474,21 @@ def category_shares(components: Mapping[str, tuple], categories: Sequence[str] =
                              f"{list(categories)}")
         shares[category] += float(weight)
     return shares
+
+
+def total_variation(a: Mapping[str, float], b: Mapping[str, float]) -> float:
+    """TV(p, q) = 1/2 sum_c |p_c - q_c| between two mixtures given as ``{category: weight}``.
+
+    Each mapping is normalised to sum 1 first (so percentages and raw weights both work);
+    both must name the same categories. The result is the share of one mixture that would
+    have to move to turn it into the other: 0 for equal mixtures, 1 for disjoint ones.
+    """
+    for name, m in (("a", a), ("b", b)):
+        if not isinstance(m, Mapping) or not m:
+            raise TypeError(f"{name} must be a non-empty mapping of category -> weight, got {type(m).__name__}")
+    if set(a) != set(b):
+        raise ValueError(f"a and b must name the same categories, got {sorted(a)} and {sorted(b)}")
+    keys = list(a)
+    p = _distribution("a", [a[k] for k in keys])
+    q = _distribution("b", [b[k] for k in keys])
+    return float(0.5 * np.abs(p - q).sum())

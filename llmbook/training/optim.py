@@ -35,10 +35,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.optim import Optimizer
 
-__all__ = ["SGD", "Adam", "AdamW", "clip_grad_norm_", "cosine_schedule", "set_lr"]
+__all__ = ["SGD", "Adam", "AdamW", "clip_grad_norm_", "cosine_schedule", "gradient_vector", "set_lr"]
 
 Params = Iterable[Tensor] | Iterable[dict[str, Any]]
 
@@ -338,6 +338,26 @@ def set_lr(optimizer: Optimizer, lr: float) -> None:
 
 
 # ---------------------------------------------------------------- gradient clipping
+
+
+def gradient_vector(model_or_params: nn.Module | Iterable[Tensor]) -> Tensor:
+    """Every parameter's ``.grad`` flattened and joined into one vector, shape ``(P,)``.
+
+    Takes a module (its ``parameters()``, in registration order) or an iterable of
+    tensors; parameters without a gradient (``.grad is None``: frozen, or unused by the
+    last backward) are skipped, so the vector is the gradient of what was trained. Raises
+    ``ValueError`` when no parameter has a gradient.
+    """
+    params = model_or_params.parameters() if isinstance(model_or_params, nn.Module) else model_or_params
+    grads = []
+    for p in params:
+        if not isinstance(p, Tensor):
+            raise TypeError(f"model_or_params must be an nn.Module or tensors, found {type(p).__name__}")
+        if p.grad is not None:
+            grads.append(p.grad.reshape(-1))
+    if not grads:
+        raise ValueError("no parameter has a gradient: call backward() first")
+    return torch.cat(grads)
 
 
 @torch.no_grad()
