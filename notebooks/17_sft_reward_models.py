@@ -21,9 +21,11 @@
 # 5. **Bradley–Terry** as maximum likelihood, its gradient, what its minimiser recovers, and
 #    the **Bayes ceiling**: the best accuracy any reward model can reach on noisy labels;
 # 6. a **reward model** trained on 4096 labelled pairs (shipped), measured against the true
-#    reward and the ceiling.
+#    reward and the ceiling;
+# 7. how a loss is **reduced** (summed, averaged over tokens, per sequence, or divided by a
+#    constant) decides the weight of long against short responses, and what length SFT teaches.
 #
-# The code lives in `llmbook.alignment.sft` and `llmbook.alignment.reward_model`.
+# The code lives in `llmbook.alignment.sft`, `llmbook.alignment.logprobs` and `llmbook.alignment.reward_model`.
 
 # %%
 import copy
@@ -36,7 +38,12 @@ import torch
 import torch.nn.functional as F
 from IPython.display import display
 
-from llmbook.alignment.logprobs import token_logprobs
+from llmbook.alignment.logprobs import (
+    reduce_tokens,
+    reduction_weights,
+    reduction_weights_symbolic,
+    token_logprobs,
+)
 from llmbook.alignment.losses import bradley_terry_loss
 from llmbook.alignment.preferences import (
     PREFERENCE_RECIPE,
@@ -53,9 +60,20 @@ from llmbook.alignment.reward_model import (
     reward_model_loss,
     spearman_correlation,
 )
-from llmbook.alignment.sft import pack_examples, response_values, sft_batch, sft_loss, sft_step
+from llmbook.alignment.sft import (
+    fit_stop_model,
+    fitted_length_distribution,
+    pack_examples,
+    response_values,
+    sft_batch,
+    sft_loss,
+    sft_loss_from_logprobs,
+    sft_step,
+    stop_model_lengths,
+)
 from llmbook.alignment.shipped import load_artifact
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.training.optim import gradient_vector
 from llmbook.training.pretrained import book_model
 
 g = seed_everything(0)
@@ -282,18 +300,14 @@ show_source(sft_step)
 # 1, 3 and 4 examples (unequal token counts), against one backward pass on all of them at once.
 
 # %%
-def grads_of(model):
-    return torch.cat([p.grad.flatten() for p in model.parameters()])
-
-
 splits = [examples[:1], examples[1:4], examples[4:]]
 micro = [pack_examples(ex, 64) for ex in splits]
 out = sft_step(model64, None, micro)  # optimizer=None: accumulate only
-accumulated = grads_of(model64)
+accumulated = gradient_vector(model64)
 sft_step(model64, None, micro, normalization="per_micro_batch")
-naive_grad = grads_of(model64)
+naive_grad = gradient_vector(model64)
 sft_step(model64, None, [pack_examples(examples, 64)])
-full_grad = grads_of(model64)
+full_grad = gradient_vector(model64)
 
 checks = Checks("gradient accumulation (float64)")
 checks.equal("response tokens per micro-batch", [5, 42, 58], [int(b.loss_mask.sum()) for b in micro])
@@ -631,6 +645,185 @@ checks.true("recomputed accuracy above chance + 0.05", acc_now > 0.55)
 checks
 
 # %% [markdown]
+# ## 17.8 Reductions: how a loss is averaged biases length
+#
+# Every loss of Part V starts from per-token values $\ell_{b,t}$ on a mask of response tokens:
+# here $-\log p_\theta(y_t \mid x, y_{<t})$, in chapters 18–20 a clipped surrogate. Turning them
+# into one number is a choice. Section 17.1 took the token mean and section 17.3 showed that a
+# mean of micro-batch means breaks it; section 20.4 shows what GRPO's mean per answer does to
+# the lengths of answers in RL. In `llmbook.alignment` the choice is one keyword of every loss,
+# `reduction`, computed in one place, `reduce_tokens`. For $B$ sequences of $L_b$ tokens:
+#
+# | `reduction` | loss | weight of one token of sequence $b$ | weight of all of sequence $b$ |
+# |---|---|---|---|
+# | `"none"` | the per-token values, 0 off the mask | – | – |
+# | `"sum"` | $\sum_b\sum_t \ell_{b,t}$ | $1$ | $L_b$ |
+# | `"token_mean"` | $\sum_b\sum_t \ell_{b,t} \,/\, \sum_b L_b$ | $1/\sum_{b'} L_{b'}$ | $L_b/\sum_{b'} L_{b'}$ |
+# | `"sequence_mean"` | $\frac1B\sum_b \frac{1}{L_b}\sum_t \ell_{b,t}$ | $1/(B L_b)$ | $1/B$ |
+# | `"constant"` | $\sum_b\sum_t \ell_{b,t} \,/\, C$ | $1/C$ | $L_b/C$ |
+#
+# The SFT loss, PPO and DAPO default to the token mean, GRPO to the mean per sequence, Dr. GRPO
+# to a constant $C$ (Liu et al., 2025); the pair losses of chapter 19 take `"mean"`, `"sum"` or
+# `"none"` over pairs. A mean over nothing is undefined, so `"token_mean"` with an all-false mask,
+# and `"sequence_mean"` with a sequence that has no tokens, raise a `ValueError` rather than
+# return NaN; a `"sum"` or `"constant"` of nothing is 0, so a micro-batch without response tokens
+# adds nothing. (In a packed batch a "sequence" is a row: for a mean per example, put one example
+# in each row.)
+
+# %%
+show_source(reduce_tokens)
+
+# %% [markdown]
+# **Derive.** SymPy writes each reduction out for three sequences of symbolic lengths, with
+# symbolic per-token losses, and differentiates with respect to one token of the first
+# sequence; multiplying by $L_1$ gives the weight of the whole sequence:
+
+# %%
+w_sym = reduction_weights_symbolic()
+L_1, L_2, L_3 = w_sym["L"]
+for name in ("sum", "token_mean", "sequence_mean", "constant"):
+    print(f"{name:14s} one token: {str(w_sym[name]):16s} the whole sequence: {sp.simplify(L_1 * w_sym[name])}")
+assert sp.simplify(w_sym["sequence_mean"] * L_1 - sp.Rational(1, 3)) == 0  # every sequence weighs 1/B
+
+# %% [markdown]
+# Only the mean per sequence makes a token's weight depend on the length of *its own*
+# sequence: a token of a 5-token response weighs almost five times one of a 24-token response,
+# and every response, short or long, weighs the same in total. The other three weigh every
+# token alike, so a sequence weighs in proportion to its length.
+#
+# **Verify on the book's model** (the float64 copy of section 17.2), with the eight
+# demonstrations of section 17.2 (responses of 5 to 24 tokens), one to a row: the SFT loss under
+# each reduction, from the logits and from per-token log-probabilities, against
+# `F.cross_entropy` (summed; averaged over all tokens; averaged within each row, then over
+# rows), loss and gradient with respect to every parameter; then the gradient with respect to
+# each token's log-probability against the SymPy weight evaluated at the actual lengths.
+
+# %%
+rows = pack_examples(examples, row_length=32)  # 8 + 24 tokens: no two examples share a row
+assert rows.ids.shape[0] == len(examples)
+sel = rows.loss_mask
+row_logits = model64(rows.ids, positions=rows.positions, mask=rows.attention_mask)
+
+
+def cross_entropy_peer(reduction):
+    """torch's cross-entropy, row by row for the mean per sequence."""
+    if reduction == "sequence_mean":
+        return torch.stack([F.cross_entropy(row_logits[b][sel[b]], rows.targets[b][sel[b]])
+                            for b in range(len(examples))]).mean()
+    return F.cross_entropy(row_logits[sel], rows.targets[sel], reduction="sum" if reduction == "sum" else "mean")
+
+
+def parameter_gradient(loss):
+    return torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(model64.parameters()), retain_graph=True)])
+
+
+gathered = torch.log_softmax(row_logits, -1).gather(-1, rows.targets[..., None])[..., 0]  # (8, 32)
+checks = Checks("SFT loss under each reduction = F.cross_entropy (book's model, float64)")
+for reduction in ("sum", "token_mean", "sequence_mean"):
+    peer = cross_entropy_peer(reduction)
+    ours = sft_loss(row_logits, rows.targets, sel, reduction=reduction)
+    from_logprobs = sft_loss_from_logprobs(gathered, sel, reduction=reduction)
+    checks.close(f"{reduction}: loss from logits", peer, ours, tol=1e-12, rel=True)
+    checks.close(f"{reduction}: loss from log-probabilities", peer, from_logprobs, tol=1e-12, rel=True)
+    checks.close(f"{reduction}: parameter gradient", parameter_gradient(peer), parameter_gradient(ours),
+                 tol=1e-12, rel=True)
+leaf = gathered.detach().requires_grad_()
+demo_lengths = [int(n) for n in sel.sum(1)]
+print(f"response tokens per row: {demo_lengths}")
+symbolic = reduction_weights_symbolic(demo_lengths)["per_sequence"]  # SymPy, at these lengths
+first = sel.int().argmax(1)  # the first response token of each row
+for reduction in ("sum", "token_mean", "sequence_mean"):
+    (g_leaf,) = torch.autograd.grad(sft_loss_from_logprobs(leaf, sel, reduction=reduction), leaf)
+    checks.close(f"{reduction}: -d loss / d log p = SymPy weight, every row",
+                 torch.tensor([float(w) for w in symbolic[reduction]], dtype=f64),
+                 -g_leaf[torch.arange(len(demo_lengths)), first], tol=1e-15)
+checks
+
+# %% [markdown]
+# **What it does to the lengths SFT teaches.** Suppose the model is free to fit any length
+# distribution $q(L)$ and the demonstrations' lengths have distribution $p(L)$. Under the sum
+# (or the token mean, whose divisor is the same for every sequence of the batch) the loss is
+# $-\sum_b \log q(L_b)$ plus terms that do not involve the length, so maximum likelihood gives
+# $q = p$. Under the mean per sequence, sequence $b$'s log-likelihood carries the weight
+# $1/(B L_b)$: the minimiser of $-\sum_L p(L)\,w(L) \log q(L)$ subject to $\sum_L q(L) = 1$ is
+# $q(L) \propto p(L)\,w(L)$ (a Lagrange multiplier), here $p(L)/L$. SymPy solves it for two
+# lengths, with the constraint substituted, and takes the mean length of the fitted distribution:
+
+# %%
+p_short, L_s, L_l, q_s = sp.symbols("p L_s L_l q", positive=True)
+weighted_loglik = p_short / L_s * sp.log(q_s) + (1 - p_short) / L_l * sp.log(1 - q_s)  # q(L_l) = 1 - q
+q_star = sp.solve(sp.diff(weighted_loglik, q_s), q_s)[0]
+mean_fitted = sp.simplify(q_star * L_s + (1 - q_star) * L_l)
+harmonic = 1 / (p_short / L_s + (1 - p_short) / L_l)
+display(sp.Eq(sp.Symbol("q^*(L_s)"), sp.factor(q_star)), sp.Eq(sp.Symbol(r"\mathbb{E}_{q^*}[L]"), mean_fitted))
+assert sp.simplify(mean_fitted - harmonic) == 0  # the harmonic mean of the observed lengths
+
+# %% [markdown]
+# The fitted mean length is the *harmonic* mean of the demonstrations' lengths, never more than
+# their arithmetic mean, and much less when the lengths spread. To see an optimiser land there,
+# `fit_stop_model` fits the smallest model of length: at each position it stops with
+# probability $\sigma(\theta_t)$, so a response of $L$ tokens contributes $L - 1$ "continue"
+# tokens and one "stop" token to the SFT loss (`stop_model_logprobs`). Forty-two demonstrations
+# with lengths 1 to 8, fitted by L-BFGS under each reduction and compared with the closed form
+# `fitted_length_distribution`:
+
+# %%
+length_counts = torch.tensor([2, 4, 6, 8, 8, 6, 4, 4])
+demo_L = torch.repeat_interleave(torch.arange(1, 9), length_counts)  # (42,)
+fitted = {r: stop_model_lengths(fit_stop_model(demo_L, 8, r)) for r in ("sum", "token_mean", "sequence_mean")}
+closed = {r: fitted_length_distribution(demo_L, 8, r) for r in fitted}
+checks = Checks("stop model fitted by L-BFGS = closed form q ∝ p(L) w(L)")
+for r in fitted:
+    checks.close(f"{r}: fitted length distribution", closed[r], fitted[r], tol=1e-6)
+checks.close("sequence_mean: mean length = harmonic mean of the data",
+             len(demo_L) / float((1 / demo_L.double()).sum()), float((fitted["sequence_mean"] * torch.arange(1, 9)).sum()),
+             tol=1e-5)
+display(checks)
+L_axis = torch.arange(1, 9, dtype=f64)
+print("length L:                 " + " ".join(f"{n:6d}" for n in range(1, 9)))
+for r, label in (("token_mean", "data = token mean/sum"), ("sequence_mean", "sequence mean")):
+    print(f"{label:25s} " + " ".join(f"{v:6.3f}" for v in closed[r].tolist())
+          + f"   mean length {float((closed[r] * L_axis).sum()):.2f}")
+
+# %%
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+order_by_length = sorted(range(len(demo_lengths)), key=lambda b: demo_lengths[b])
+for reduction, marker, label in (("token_mean", "o", "token_mean (= sum, constant)"),
+                                 ("sequence_mean", "s", "sequence_mean")):
+    share = reduction_weights(sel, reduction).sum(1)  # (8,): the weight of each whole response
+    share = share / share.sum()
+    ax1.plot([demo_lengths[b] for b in order_by_length], share[order_by_length], marker + "-", label=label)
+ax1.set(xlabel="response length L_b (tokens)", ylabel="share of the gradient",
+        title="Weight of each demonstration (batch of 8)")
+ax1.legend(fontsize="small")
+width = 0.4
+ax2.bar(L_axis - width / 2, closed["token_mean"], width, label="data (= token mean, sum)")
+ax2.bar(L_axis + width / 2, fitted["sequence_mean"], width, label="fitted, sequence mean")
+ax2.set(xlabel="response length L", ylabel="probability", title="Length distribution SFT teaches",
+        ylim=(0, 0.27))
+ax2.legend(fontsize="small")
+fig.tight_layout()
+save_figure(fig, "17_sft_reduction_length_bias")
+plt.show()
+
+# %% [markdown]
+# On the left, the token mean (and the sum, and a constant) give each demonstration a share of
+# the gradient in proportion to its length, the mean per sequence an equal share whatever its
+# length. On the right, the consequence: the mean per sequence teaches a model to stop early,
+# its mean length falling from 4.67 to 3.60 tokens, although every demonstration was weighted
+# "equally". That is why the SFT loss of section 17.1, trl's `SFTTrainer` and Hugging Face's
+# causal-LM loss take the token mean.
+#
+# In RL the same weight multiplies an advantage. Under the mean per sequence a token of a wrong
+# answer ($A < 0$) of $L$ tokens is pushed down by $|A|/(BL)$: short wrong answers are
+# penalised more per token than long ones, and right answers are reinforced more when short;
+# section 20.4 derives the drift this causes (long wrong answers, short right ones) and
+# measures it, the argument of Liu et al. (2025) for Dr. GRPO's constant. A constant gives
+# every token the same weight in every batch; the token mean does too within a batch, but its
+# divisor moves with the batch's total length, and over micro-batches it must be the whole
+# batch's count (section 17.3, and `num_tokens` of `sft_loss` and `dapo_loss`).
+
+# %% [markdown]
 # ## Summary
 #
 # * SFT maximises $\log p_\theta(y \mid x) = \sum_t \log p_\theta(y_t \mid x, y_{<t})$: the
@@ -647,6 +840,10 @@ checks
 # * The book's reward model reaches that ceiling on the test pairs yet tracks the true reward
 #   only in part (correlation about 0.6, slope about 0.65); chapter 18 optimises a policy
 #   against a reward and shows what such gaps cost.
+# * Every loss takes a `reduction`. Only the mean per sequence weighs a token by
+#   $1/(B L_b)$, the inverse of its own response's length; SFT under it fits
+#   $q(L) \propto p(L)/L$, whose mean is the harmonic mean of the demonstrations' lengths.
+#   The token mean, the sum and a constant give maximum likelihood.
 #
 # ## Exercises
 #

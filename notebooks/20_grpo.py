@@ -92,6 +92,7 @@ from llmbook.alignment.rl_variants import (
 )
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
 from llmbook.paths import data_path
+from llmbook.training.optim import gradient_vector
 
 g = seed_everything(0)
 torch.set_num_threads(1)  # a tiny model: one thread is steadier
@@ -443,10 +444,6 @@ batch = batch._replace(old_logprobs=batch.old_logprobs + 0.3 * torch.randn(batch
                        advantages=torch.randn(32, generator=g, dtype=f64))  # every answer with a signal
 
 
-def flat_grad(model):
-    return torch.cat([p.grad.flatten() for p in model.parameters()])
-
-
 # %%
 checks = Checks("micro-batches of 5 against the whole batch of 32 (float64)")
 for aggregation in ("sequence_mean", "token_mean", "constant"):
@@ -454,10 +451,10 @@ for aggregation in ("sequence_mean", "token_mean", "constant"):
     full = grpo_loss(response_logprobs(policy64, batch.prompts, batch.responses), batch.old_logprobs,
                      batch.ref_logprobs, batch.advantages, batch.mask, 0.2, 0.04, aggregation)
     full.loss.backward()
-    expected = flat_grad(policy64).clone()
+    expected = gradient_vector(policy64).clone()
     policy64.zero_grad()
     grpo_microbatch_step(policy64, batch, 5, 0.2, 0.04, aggregation)
-    checks.close(f"{aggregation}: gradient ({expected.numel():,} entries)", expected, flat_grad(policy64), tol=1e-12)
+    checks.close(f"{aggregation}: gradient ({expected.numel():,} entries)", expected, gradient_vector(policy64), tol=1e-12)
 checks.true("the clipping is active", full.clip_fraction > 0)
 checks.true("answers of uneven lengths", len(set(batch.mask.sum(1).tolist())) > 1)
 checks
@@ -998,7 +995,7 @@ for name, loss_fn in (("grpo", lambda x: grpo_loss(x, None, None, batch.advantag
                       ("gspo", lambda x: gspo_loss(x, None, None, batch.advantages, batch.mask, 3e-4, 0.0, 4e-4).loss)):
     policy64.zero_grad()
     loss_fn(response_logprobs(policy64, batch.prompts, batch.responses)).backward()
-    grads[name] = flat_grad(policy64).clone()
+    grads[name] = gradient_vector(policy64).clone()
 checks.close(f"on-policy: GSPO's gradient = GRPO's (sequence mean), {grads['gspo'].numel():,} parameters",
              grads["grpo"], grads["gspo"], tol=1e-13)
 checks.true("the gradients are not zero", float(grads["gspo"].abs().max()) > 1e-3)

@@ -252,6 +252,8 @@ def test_batched_loss_is_the_mean_of_per_pair_losses():
     assert torch.allclose(per_pair, one_by_one, atol=1e-13)
     mean = dpo_batch_loss(policy, prompts, chosen, rejected, ref_c, ref_r, 0.5).loss
     assert mean.item() == pytest.approx(one_by_one.mean().item(), abs=1e-13)
+    total = dpo_batch_loss(policy, prompts, chosen, rejected, ref_c, ref_r, 0.5, reduction="sum").loss
+    assert total.item() == pytest.approx(one_by_one.sum().item(), abs=1e-12)
 
 
 def test_policy_equal_to_reference_gives_log_2():

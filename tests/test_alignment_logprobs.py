@@ -1,4 +1,5 @@
-"""Tests for llmbook.alignment.logprobs: per-token log-probabilities, entropy, masked reductions.
+"""Tests for llmbook.alignment.logprobs: per-token log-probabilities, entropy, masked reductions,
+and the reductions of a loss (reduce_tokens, reduction_weights, reduce_sequences).
 
 Peers: ``torch.log_softmax`` + ``gather`` and ``torch.distributions.Categorical.entropy``;
 trl 1.16.0's helpers ``trl.trainer.utils.selective_log_softmax`` and
@@ -16,11 +17,19 @@ from hypothesis import strategies as st
 from seeded import gen
 
 from llmbook.alignment.logprobs import (
+    REDUCTIONS,
+    SEQUENCE_REDUCTIONS,
+    check_reduction,
     masked_mean,
     masked_normalize,
     masked_sum,
+    reduce_sequences,
+    reduce_tokens,
+    reduction_weights,
+    reduction_weights_symbolic,
     response_logprobs,
     response_mask,
+    sequence_values,
     token_entropy,
     token_logprobs,
 )
@@ -302,3 +311,165 @@ def test_response_mask_bad_inputs():
         response_mask(torch.tensor([1.0, 2.0]), 5)
     with pytest.raises(ValueError, match="total_length"):
         response_mask(torch.tensor([0]), 0)
+
+
+# ---------------------------------------------------------------- reduce_tokens: every reduction of a loss
+
+X2 = [[1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, math.nan]]  # (2, 4): B != T
+M2 = [[1, 1, 0, 0], [1, 1, 1, 0]]  # L = (2, 3), 5 tokens
+
+
+def test_reduce_tokens_worked_example():
+    x, mask = torch.tensor(X2, dtype=D), torch.tensor(M2)
+    none = reduce_tokens(x, mask, "none")
+    torch.testing.assert_close(none, torch.tensor([[1.0, 2.0, 0.0, 0.0], [10.0, 20.0, 30.0, 0.0]], dtype=D))
+    assert reduce_tokens(x, mask, "sum").item() == 63.0  # the NaN is masked out
+    assert reduce_tokens(x, mask, "token_mean").item() == 12.6  # 63 / 5
+    assert reduce_tokens(x, mask, "sequence_mean").item() == 10.75  # (3/2 + 60/3) / 2
+    assert reduce_tokens(x, mask, "constant", normaliser=8).item() == 7.875  # 63 / 8
+    assert reduce_tokens(x, mask.bool()).item() == 12.6  # the default is the token mean
+    assert none.sum().item() == reduce_tokens(x, mask, "sum").item()
+
+
+def test_reduction_weights_worked_example():
+    mask = torch.tensor(M2)
+    torch.testing.assert_close(reduction_weights(mask, "sum"), mask.to(D))
+    torch.testing.assert_close(reduction_weights(mask, "token_mean"), mask.to(D) / 5)
+    torch.testing.assert_close(reduction_weights(mask, "sequence_mean"),
+                               torch.tensor([[1 / 4, 1 / 4, 0, 0], [1 / 6, 1 / 6, 1 / 6, 0]], dtype=D))
+    torch.testing.assert_close(reduction_weights(mask, "constant", normaliser=10), mask.to(D) / 10)
+    with pytest.raises(ValueError, match="none"):
+        reduction_weights(mask, "none")
+    with pytest.raises(TypeError, match="mask"):
+        reduction_weights([[1, 0]], "sum")
+
+
+def test_reduction_weights_symbolic():
+    import sympy as sp
+    w = reduction_weights_symbolic()
+    L1, L2, L3 = w["L"]
+    C = sp.Symbol("C", positive=True)
+    assert w["sum"] == 1 and w["B"] == 3
+    assert sp.simplify(w["token_mean"] - 1 / (L1 + L2 + L3)) == 0
+    assert sp.simplify(w["sequence_mean"] - 1 / (3 * L1)) == 0
+    assert sp.simplify(w["constant"] - 1 / C) == 0
+    # concrete lengths: the SymPy weight of sequence 1's tokens equals autograd's
+    lengths = [4, 1, 2]
+    mask = torch.arange(5)[None, :] < torch.tensor(lengths)[:, None]  # (3, 5)
+    num = reduction_weights_symbolic(lengths)
+    assert float(num["token_mean"]) == reduction_weights(mask, "token_mean")[0, 0].item() == 1 / 7
+    assert float(num["sequence_mean"]) == pytest.approx(reduction_weights(mask, "sequence_mean")[0, 0].item(),
+                                                        abs=1e-16)
+    assert float(num["sequence_mean"]) == pytest.approx(1 / 12, abs=1e-16)
+    # every sequence's weight at once, against autograd at its first token
+    for reduction in ("sum", "token_mean", "sequence_mean"):
+        assert [float(v) for v in num["per_sequence"][reduction]] == pytest.approx(
+            reduction_weights(mask, reduction)[:, 0].tolist(), abs=1e-16)
+    assert num["per_sequence"]["sequence_mean"] == (sp.Rational(1, 12), sp.Rational(1, 3), sp.Rational(1, 6))
+    with pytest.raises(ValueError, match="lengths"):
+        reduction_weights_symbolic([2, 0])
+    with pytest.raises(ValueError, match="lengths"):
+        reduction_weights_symbolic([])
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "token_mean", "sequence_mean", "constant"])
+def test_reduce_tokens_gradcheck(reduction):
+    x = torch.randn(3, 5, generator=gen(31), dtype=D, requires_grad=True)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]])
+    c = 7.0 if reduction == "constant" else None
+    assert torch.autograd.gradcheck(lambda z: reduce_tokens(z, mask, reduction, c), (x,))
+    if reduction != "none":
+        reduce_tokens(x, mask, reduction, c).backward()
+        torch.testing.assert_close(x.grad, reduction_weights(mask, reduction, c))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 6), st.integers(0, 4), st.integers(0, 10**6))
+def test_reduce_tokens_properties(rows, cols, pad, seed):
+    x = torch.randn(rows, cols, generator=gen(seed), dtype=D)
+    mask = torch.rand(rows, cols, generator=gen(seed + 1)) < 0.6
+    mask[:, 0] = True  # every sequence keeps a token
+    n = int(mask.sum())
+    total = reduce_tokens(x, mask, "sum")
+    assert reduce_tokens(x, mask, "token_mean").item() == pytest.approx(total.item() / n, abs=1e-12)
+    assert reduce_tokens(x, mask, "none").sum().item() == pytest.approx(total.item(), abs=1e-12)
+    assert reduce_tokens(x, mask, "constant", 3.5).item() == pytest.approx(total.item() / 3.5, abs=1e-12)
+    per_row = sum(x[r][mask[r]].mean().item() for r in range(rows)) / rows
+    seq = reduce_tokens(x, mask, "sequence_mean").item()
+    assert seq == pytest.approx(per_row, abs=1e-12)
+    # padding (masked-out columns, even holding NaN) changes no reduction
+    xp = torch.cat([x, torch.full((rows, pad), math.nan, dtype=D)], dim=1)
+    mp = torch.cat([mask, torch.zeros(rows, pad, dtype=torch.bool)], dim=1)
+    for reduction in ("sum", "token_mean", "sequence_mean"):
+        assert reduce_tokens(xp, mp, reduction).item() == pytest.approx(
+            reduce_tokens(x, mask, reduction).item(), abs=1e-12)
+    # the weights: the token mean's sum to 1; the sequence mean gives each sequence 1 / B
+    torch.testing.assert_close(reduction_weights(mask, "token_mean").sum(), torch.tensor(1.0, dtype=D))
+    torch.testing.assert_close(reduction_weights(mask, "sequence_mean").sum(1),
+                               torch.full((rows,), 1 / rows, dtype=D))
+
+
+def test_reduce_tokens_empty_mask():
+    """What a reduction over no tokens does: sums are 0, means are a ValueError (never NaN)."""
+    x = torch.randn(2, 3, generator=gen(5), dtype=D)
+    empty = torch.zeros(2, 3, dtype=torch.bool)
+    assert reduce_tokens(x, empty, "sum").item() == 0.0
+    assert reduce_tokens(x, empty, "constant", 4).item() == 0.0
+    assert bool((reduce_tokens(x, empty, "none") == 0).all())
+    with pytest.raises(ValueError, match="mask has no ones: reduction='token_mean'"):
+        reduce_tokens(x, empty, "token_mean")
+    with pytest.raises(ValueError, match="row with no ones"):
+        reduce_tokens(x, empty, "sequence_mean")
+    one_empty_row = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    assert reduce_tokens(x, one_empty_row, "token_mean").item() == pytest.approx(x[0, :2].mean().item())
+    with pytest.raises(ValueError, match="row with no ones"):
+        reduce_tokens(x, one_empty_row, "sequence_mean")
+
+
+def test_reduce_tokens_bad_input():
+    x, mask = torch.zeros(2, 3, dtype=D), torch.ones(2, 3)
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        reduce_tokens(x, mask, "mean")
+    with pytest.raises(TypeError, match="reduction must be a str"):
+        reduce_tokens(x, mask, None)
+    with pytest.raises(ValueError, match="normaliser applies to reduction='constant' only"):
+        reduce_tokens(x, mask, "sum", normaliser=2)
+    with pytest.raises(ValueError, match="needs a normaliser"):
+        reduce_tokens(x, mask, "constant")
+    with pytest.raises(ValueError, match="constant must be a positive"):
+        reduce_tokens(x, mask, "constant", normaliser=0)
+    with pytest.raises(ValueError, match="mask must have the shape of values"):
+        reduce_tokens(x, torch.ones(2, 1), "sum")
+    with pytest.raises(ValueError, match="token axis"):
+        reduce_tokens(torch.tensor(1.0), torch.tensor(1), "sum")
+    with pytest.raises(TypeError, match="values"):
+        reduce_tokens(torch.zeros(2, 3, dtype=torch.long), mask, "sum")
+    with pytest.raises(ValueError, match="only 0 and 1"):
+        reduce_tokens(x, torch.full((2, 3), 2.0), "sum")
+
+
+def test_check_reduction():
+    assert check_reduction("sum") == "sum"
+    assert check_reduction("mean", SEQUENCE_REDUCTIONS) == "mean"
+    with pytest.raises(ValueError, match="aggregation must be one of"):
+        check_reduction("mean", REDUCTIONS, "aggregation")
+    with pytest.raises(TypeError, match="reduction must be a str"):
+        check_reduction(1)
+
+
+def test_reduce_sequences_and_sequence_values():
+    v = torch.tensor([1.0, -2.0, 4.5], dtype=D)
+    assert reduce_sequences(v).item() == 3.5 / 3
+    assert reduce_sequences(v, "sum").item() == 3.5
+    assert reduce_sequences(v, "none") is v
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        reduce_sequences(v, "token_mean")
+    with pytest.raises(ValueError, match="empty"):
+        reduce_sequences(torch.zeros(0, dtype=D))
+    x, mask = torch.tensor(X2, dtype=D), torch.tensor(M2)
+    torch.testing.assert_close(sequence_values(x, mask), torch.tensor([3.0, 60.0], dtype=D))
+    torch.testing.assert_close(sequence_values(x, mask, "mean"), torch.tensor([1.5, 20.0], dtype=D))
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        sequence_values(x, mask, "token_mean")
+    with pytest.raises(ValueError, match="no ones"):
+        sequence_values(x, torch.tensor([[1, 0, 0, 0], [0, 0, 0, 0]]), "mean")

@@ -49,6 +49,7 @@ from hypothesis import strategies as st
 from seeded import gen
 from trl_stubs import Accelerator as _Accelerator
 
+from llmbook.alignment.logprobs import reduce_tokens
 from llmbook.alignment.losses import (
     GRPOLossOutput,
     KLEstimates,
@@ -289,7 +290,7 @@ def test_dpo_bad_inputs():
     with pytest.raises(ValueError, match="both"):
         dpo_loss(x, x, x, x, beta=0.1, loss_type="ipo", chosen_lengths=torch.ones(3))
     with pytest.raises(ValueError, match="reduction"):
-        dpo_loss(x, x, x, x, beta=0.1, reduction="sum")
+        dpo_loss(x, x, x, x, beta=0.1, reduction="token_sum")
 
 
 @pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
@@ -1091,3 +1092,134 @@ def test_dpo_loss_rejects_what_cannot_be_a_log_probability():
         dpo_loss(ok, ok, torch.tensor([float("nan"), -1.0]), ok, beta=0.1)
     with pytest.raises(ValueError, match=r"policy_chosen_logps\[\] = 2.0"):
         dpo_loss(torch.tensor(2.0), torch.tensor(-1.0), torch.tensor(-1.0), torch.tensor(-1.0), beta=0.1)
+
+
+# ---------------------------------------------------------------- explicit reductions (issue 24)
+# On-policy (ratio 1), beta = 0: the per-token policy loss is -A_b on a (2, 4) batch whose rows
+# hold 2 and 3 response tokens; A = (1, -2). By hand: "none" [[-1, -1, 0, 0], [2, 2, 2, 0]],
+# "sum" -2 + 6 = 4, "token_mean" 4/5, "sequence_mean" (-1 + 2)/2 = 1/2, "constant" C=10: 2/5.
+
+ADV2 = torch.tensor([1.0, -2.0], dtype=D)
+MASK2 = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
+NONE2 = torch.tensor([[-1.0, -1.0, 0.0, 0.0], [2.0, 2.0, 2.0, 0.0]], dtype=D)
+BY_HAND2 = {"sum": 4.0, "token_mean": 0.8, "sequence_mean": 0.5, "constant": 0.4}
+
+
+def _c(reduction):
+    return 10.0 if reduction == "constant" else None
+
+
+@pytest.mark.parametrize("reduction", ["sum", "token_mean", "sequence_mean", "constant"])
+def test_ppo_and_grpo_reductions_worked_example(reduction):
+    lp = torch.zeros(2, 4, dtype=D)
+    ppo, _ = ppo_policy_loss(lp, lp, ADV2, MASK2, 0.2, reduction=reduction, normaliser=_c(reduction))
+    assert ppo.item() == pytest.approx(BY_HAND2[reduction], abs=1e-15)
+    grpo = grpo_loss(lp, None, None, ADV2, MASK2, 0.2, 0.0, reduction=reduction,
+                     max_length=10 // 2 if reduction == "constant" else None).loss  # C = B * max_length
+    assert grpo.item() == pytest.approx(BY_HAND2[reduction], abs=1e-15)
+    if reduction != "constant":
+        same = grpo_loss(lp, None, None, ADV2, MASK2, 0.2, 0.0, reduction).loss  # aggregation, positional
+        assert same.item() == grpo.item()
+
+
+def test_per_token_losses_with_reduction_none():
+    lp = torch.zeros(2, 4, dtype=D)
+    ppo, clip = ppo_policy_loss(lp, lp, ADV2, MASK2, 0.2, reduction="none")
+    torch.testing.assert_close(ppo, NONE2)
+    assert clip.item() == 0
+    grpo = grpo_loss(lp, None, None, ADV2, MASK2, 0.2, 0.0, reduction="none").loss
+    torch.testing.assert_close(grpo, NONE2)
+    for reduction in ("sum", "token_mean", "sequence_mean"):  # "none" then reduced = the reduction
+        torch.testing.assert_close(ppo_policy_loss(lp, lp, ADV2, MASK2, 0.2, reduction=reduction)[0],
+                                   reduce_tokens(ppo, MASK2, reduction))
+    assert ppo.sum().item() == BY_HAND2["sum"]
+
+
+def test_policy_gradient_loss_reductions():
+    # per-token log-probabilities -1 .. -4 and -10 .. -30; rewards 1 and -2, baseline 0.5:
+    # weights 0.5 and -2.5, per-token losses -w_b log pi_bt
+    logp = -torch.tensor([[1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0]], dtype=D)
+    rewards = torch.tensor([1.0, -2.0], dtype=D)
+    per_token = torch.tensor([[0.5, 1.0, 0.0, 0.0], [-25.0, -50.0, -75.0, 0.0]], dtype=D)
+    kw = {"baseline": 0.5, "mask": MASK2}
+    default = policy_gradient_loss(logp, rewards, **kw)
+    assert default.item() == (1.5 - 150.0) / 2  # -mean_b w_b log pi(y_b): today's default, B = 2
+    torch.testing.assert_close(policy_gradient_loss(logp, rewards, **kw, reduction="none"), per_token)
+    assert policy_gradient_loss(logp, rewards, **kw, reduction="sum").item() == -148.5
+    assert policy_gradient_loss(logp, rewards, **kw, reduction="token_mean").item() == -148.5 / 5
+    assert policy_gradient_loss(logp, rewards, **kw, reduction="sequence_mean").item() == (0.75 - 50.0) / 2
+    assert policy_gradient_loss(logp, rewards, **kw, reduction="constant", normaliser=2).item() == default.item()
+    # per-sequence inputs: each sequence is one item
+    seq = torch.tensor([-3.0, -60.0], dtype=D)
+    torch.testing.assert_close(policy_gradient_loss(seq, rewards, 0.5, reduction="none"),
+                               torch.tensor([1.5, -150.0], dtype=D))
+    assert policy_gradient_loss(seq, rewards, 0.5, reduction="sum").item() == -148.5
+    assert policy_gradient_loss(seq, rewards, 0.5, reduction="token_mean").item() == default.item()
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        policy_gradient_loss(seq, rewards, reduction="mean")
+    with pytest.raises(ValueError, match="normaliser applies"):
+        policy_gradient_loss(seq, rewards, reduction="sum", normaliser=3)
+
+
+def test_ppo_value_loss_reductions():
+    values = torch.tensor([[1.0, 2.0, 9.0, 9.0], [0.0, 1.0, 3.0, 9.0]], dtype=D)
+    returns = torch.tensor([[0.0, 0.0, 0.0, 0.0], [2.0, 1.0, 0.0, 0.0]], dtype=D)
+    # squared errors on the mask: 1, 4 | 4, 0, 9 -> 0.5 x: sum 9, token mean 1.8, sequence mean
+    # 0.5 (2.5 + 13/3) / 2, constant 18 / 10 * 0.5
+    for reduction, want in [("sum", 9.0), ("token_mean", 1.8), ("sequence_mean", 0.5 * (2.5 + 13 / 3) / 2),
+                            ("constant", 0.9)]:
+        for clip in (None, 100.0):  # a clip range that never binds gives the same loss
+            got, _ = ppo_value_loss(values, values, returns, MASK2, clip, reduction=reduction,
+                                    normaliser=_c(reduction))
+            assert got.item() == pytest.approx(want, abs=1e-14)
+    none, _ = ppo_value_loss(values, values, returns, MASK2, None, reduction="none")
+    torch.testing.assert_close(none, torch.tensor([[0.5, 2.0, 0, 0], [2.0, 0.0, 4.5, 0]], dtype=D))
+
+
+@pytest.mark.parametrize("reduction", ["sum", "sequence_mean", "constant"])
+def test_reductions_gradcheck(reduction):
+    lp = (-1 + randn(B, T, seed=130, scale=0.05)).requires_grad_()
+    old, adv, mask = -1 + randn(B, T, seed=131, scale=0.05), randn(B, seed=132), ragged_mask([5, 2, 4], T)
+    c = _c(reduction)
+    assert torch.autograd.gradcheck(
+        lambda x: ppo_policy_loss(x, old, adv, mask, 0.3, reduction=reduction, normaliser=c)[0], (lp,))
+    assert torch.autograd.gradcheck(
+        lambda x: policy_gradient_loss(x, adv, mask=mask, reduction=reduction, normaliser=c), (lp,))
+    values = randn(B, T, seed=133).requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda v: ppo_value_loss(v, old, adv[:, None].expand(B, T), mask, 0.5, reduction=reduction,
+                                 normaliser=c)[0], (values,))
+
+
+def test_grpo_reduction_and_aggregation_are_one_argument():
+    lp = torch.zeros(2, 4, dtype=D)
+    with pytest.raises(ValueError, match="same argument"):
+        grpo_loss(lp, None, None, ADV2, MASK2, 0.2, 0.0, "token_mean", reduction="sum")
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        grpo_loss(lp, None, None, ADV2, MASK2, 0.2, 0.0, reduction="mean")
+    with pytest.raises(ValueError, match="max_length applies"):
+        grpo_loss(lp, None, None, ADV2, MASK2, 0.2, 0.0, reduction="sum", max_length=8)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=4), st.integers(0, 10**6))
+def test_pair_losses_sum_and_none_agree_with_mean(lengths, seed):
+    n = len(lengths)
+    pc, pr = -randn(n, seed=seed).abs(), -randn(n, seed=seed + 1).abs()
+    rc, rr = -randn(n, seed=seed + 2).abs(), -randn(n, seed=seed + 3).abs()
+    per = dpo_loss(pc, pr, rc, rr, 0.3, reduction="none")[0]
+    assert dpo_loss(pc, pr, rc, rr, 0.3, reduction="sum")[0].item() == pytest.approx(per.sum().item(), abs=1e-12)
+    assert dpo_loss(pc, pr, rc, rr, 0.3)[0].item() == pytest.approx(per.mean().item(), abs=1e-12)
+    bt = bradley_terry_loss(pc, pr, center_coefficient=0.1, reduction="none")
+    assert bt.shape == (n,)
+    assert bradley_terry_loss(pc, pr, center_coefficient=0.1).item() == pytest.approx(bt.mean().item(), abs=1e-12)
+    assert bradley_terry_loss(pc, pr, reduction="sum").item() == pytest.approx(
+        bradley_terry_loss(pc, pr).item() * n, abs=1e-12)
+
+
+def test_bradley_terry_reduction_worked_example():
+    rc, rr = torch.tensor([1.0, 0.0], dtype=D), torch.tensor([0.0, 0.0], dtype=D)
+    per = bradley_terry_loss(rc, rr, reduction="none")
+    torch.testing.assert_close(per, torch.tensor([-math.log(sigmoid(1.0)), math.log(2.0)], dtype=D))
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        bradley_terry_loss(rc, rr, reduction="token_mean")

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from seeded import gen
 from trl_stubs import Accelerator as _Accelerator
 
+from llmbook.alignment.logprobs import sequence_values
 from llmbook.alignment.losses import dpo_loss
 from llmbook.alignment.preference_losses import (
     PreferenceLoss,
@@ -204,7 +205,7 @@ def test_ipo_bad_input():
     with pytest.raises(TypeError, match="policy_chosen_logps"):
         ipo_loss([-1.0], x, x, x, 0.1)
     with pytest.raises(ValueError, match="reduction"):
-        ipo_loss(x, x, x, x, 0.1, reduction="sum")
+        ipo_loss(x, x, x, x, 0.1, reduction="token_sum")
 
 
 # ---------------------------------------------------------------- KTO
@@ -469,3 +470,41 @@ def test_rloo_bad_input():
         rloo_loss(r, r, r, clip_eps=1.0)
     with pytest.raises(ValueError, match="advantages"):
         rloo_loss(r, r, torch.zeros(5, dtype=D))
+
+
+# ---------------------------------------------------------------- explicit reductions (issue 24)
+
+
+def test_every_preference_loss_sum_and_none_agree_with_mean():
+    n = 5
+    pc, pr, rc, rr = logps(n, 50), logps(n, 51), logps(n, 52), logps(n, 53)
+    lengths = torch.tensor([3.0, 1.0, 7.0, 2.0, 4.0], dtype=D)
+    desirable = torch.tensor([True, False, True, True, False])
+    losses = {
+        "ipo": lambda red: ipo_loss(pc, pr, rc, rr, 0.1, lengths, lengths + 1, reduction=red).loss,
+        "kto": lambda red: kto_loss(pc, rc, desirable, 0.1, 0.05, reduction=red).loss,
+        "orpo": lambda red: orpo_loss(pc / 4, pr / 4, 0.5, reduction=red).loss,
+        "simpo": lambda red: simpo_loss(pc, pr, lengths, lengths + 1, 2.0, 0.5, reduction=red).loss,
+        "rloo": lambda red: rloo_loss(pc, rc, pr - rr, reduction=red),
+    }
+    for name, f in losses.items():
+        per = f("none")
+        assert per.shape == (n,), name
+        assert f("sum").item() == pytest.approx(per.sum().item(), abs=1e-12), name
+        assert f("mean").item() == pytest.approx(per.mean().item(), abs=1e-12), name
+        with pytest.raises(ValueError, match="reduction must be one of"):
+            f("token_mean")
+
+
+def test_simpo_reward_is_the_per_sequence_token_mean():
+    """SimPO's reward beta/|y| log pi(y) is the per-sequence mean of the token log-probabilities:
+    sequence_values(..., "mean") of per-token values equals the sum divided by the length."""
+    tok_w = -torch.rand(3, 6, generator=gen(60), dtype=D)
+    tok_l = -torch.rand(3, 6, generator=gen(61), dtype=D)
+    mask_w = torch.arange(6)[None, :] < torch.tensor([[2], [6], [4]])
+    mask_l = torch.arange(6)[None, :] < torch.tensor([[5], [1], [3]])
+    out = simpo_loss(sequence_values(tok_w, mask_w), sequence_values(tok_l, mask_l),
+                     mask_w.sum(1).to(D), mask_l.sum(1).to(D), 2.0, 0.3, reduction="none")
+    mean_w, mean_l = sequence_values(tok_w, mask_w, "mean"), sequence_values(tok_l, mask_l, "mean")
+    torch.testing.assert_close(out.chosen_rewards, 2.0 * mean_w, rtol=0, atol=1e-15)
+    torch.testing.assert_close(out.loss, -F.logsigmoid(2.0 * (mean_w - mean_l) - 0.3), rtol=0, atol=1e-15)

@@ -361,3 +361,43 @@ def test_train_variant_smoke():
             assert all(16 <= n <= 48 for n in curve["generated"]) and all(k <= 4 for k in curve["kept_groups"])
     with pytest.raises(ValueError, match="variant"):
         train_variant("ppo", recipe)
+
+
+# ---------------------------------------------------------------- explicit reductions (issue 24)
+
+
+def test_gspo_reductions_worked_example():
+    """On-policy, s = 1: the per-sequence loss is -A_i; "sum" and "none" besides the mean."""
+    lp = torch.zeros(3, 4, dtype=D)
+    adv = torch.tensor([1.0, -2.0, 0.5], dtype=D)
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 0]])
+    assert gspo_loss(lp, None, None, adv, mask, 0.2, 0.0).loss.item() == 0.5 / 3
+    assert gspo_loss(lp, None, None, adv, mask, 0.2, 0.0, reduction="sum").loss.item() == 0.5
+    torch.testing.assert_close(gspo_loss(lp, None, None, adv, mask, 0.2, 0.0, reduction="none").loss, -adv)
+    # with the KL term, "none" keeps each sequence's own beta * token mean of k3
+    ref = -torch.rand(3, 4, generator=gen(5), dtype=D)
+    k3 = torch.exp(ref - lp) - (ref - lp) - 1
+    per_seq_kl = torch.stack([k3[i][mask[i].bool()].mean() for i in range(3)])
+    got = gspo_loss(lp, None, ref, adv, mask, 0.2, 0.1, reduction="none").loss
+    torch.testing.assert_close(got, -adv + 0.1 * per_seq_kl)
+    assert gspo_loss(lp, None, ref, adv, mask, 0.2, 0.1).loss.item() == pytest.approx(got.mean().item(), abs=1e-15)
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        gspo_loss(lp, None, None, adv, mask, 0.2, 0.0, reduction="token_mean")
+
+
+def test_dapo_reductions():
+    lp = torch.zeros(2, 4, dtype=D)
+    adv = torch.tensor([1.0, -2.0], dtype=D)
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
+    assert dapo_loss(lp, None, adv, mask).item() == pytest.approx(0.8, abs=1e-15)  # (-2 + 6) / 5
+    assert dapo_loss(lp, None, adv, mask, reduction="sum").item() == 4.0
+    assert dapo_loss(lp, None, adv, mask, reduction="sequence_mean").item() == 0.5
+    torch.testing.assert_close(dapo_loss(lp, None, adv, mask, reduction="none"),
+                               torch.tensor([[-1.0, -1.0, 0, 0], [2.0, 2.0, 2.0, 0]], dtype=D))
+    assert dapo_loss(lp, None, adv, mask, num_tokens=10).item() == pytest.approx(0.4, abs=1e-15)
+    with pytest.raises(ValueError, match="num_tokens applies"):
+        dapo_loss(lp, None, adv, mask, num_tokens=10, reduction="sum")
+    with pytest.raises(ValueError, match="pass num_tokens"):
+        dapo_loss(lp, None, adv, mask, reduction="constant")
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        dapo_loss(lp, None, adv, mask, reduction="mean")

@@ -25,11 +25,16 @@ from seeded import gen
 from llmbook.alignment.logprobs import token_logprobs
 from llmbook.alignment.sft import (
     SFTBatch,
+    fit_stop_model,
+    fitted_length_distribution,
     pack_examples,
     response_values,
     sft_batch,
     sft_loss,
+    sft_loss_from_logprobs,
     sft_step,
+    stop_model_lengths,
+    stop_model_logprobs,
 )
 from llmbook.transformer.attention import causal_mask
 from llmbook.transformer.model import TransformerConfig, TransformerLM
@@ -314,6 +319,114 @@ def test_sft_loss_bad_input():
         sft_loss(logits, targets, mask, num_tokens=0)
 
 
+# ---------------------------------------------------------------- reductions; the loss from log-probabilities
+
+
+def test_sft_loss_reductions_worked_example():
+    # per-token log-probabilities of a (2, 4) batch; row 0 has 2 response tokens, row 1 has 3
+    logp = -torch.tensor([[1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, math.nan]], dtype=D)
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]]).bool()
+    assert float(sft_loss_from_logprobs(logp, mask)) == 12.6  # 63 / 5 tokens
+    assert float(sft_loss_from_logprobs(logp, mask, reduction="sum")) == 63.0
+    assert float(sft_loss_from_logprobs(logp, mask, reduction="sequence_mean")) == 10.75  # (1.5 + 20) / 2
+    assert float(sft_loss_from_logprobs(logp, mask, reduction="constant", normaliser=8)) == 7.875
+    assert float(sft_loss_from_logprobs(logp, mask, num_tokens=10)) == 6.3
+    per_token = sft_loss_from_logprobs(logp, mask, reduction="none")
+    torch.testing.assert_close(per_token, torch.tensor([[1.0, 2.0, 0, 0], [10.0, 20.0, 30.0, 0]], dtype=D))
+    assert float(per_token.sum()) == float(sft_loss_from_logprobs(logp, mask, reduction="sum"))
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "token_mean", "sequence_mean", "constant"])
+def test_sft_loss_logits_and_logprobs_routes_agree_float64(reduction):
+    """sft_loss on logits = sft_loss_from_logprobs on torch's own log-softmax: loss and gradient."""
+    logits = torch.randn(3, 5, 7, generator=gen(6), dtype=D, requires_grad=True)
+    targets = torch.randint(0, 7, (3, 5), generator=gen(7))
+    mask = torch.tensor([[0, 1, 1, 0, 0], [1, 1, 1, 1, 0], [0, 0, 0, 1, 1]]).bool()
+    c = 11.0 if reduction == "constant" else None
+    ours = sft_loss(logits, targets, mask, reduction=reduction, normaliser=c)
+    (g_ours,) = torch.autograd.grad(ours.sum(), logits)
+    peer_logp = torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]  # (3, 5)
+    theirs = sft_loss_from_logprobs(peer_logp, mask, reduction=reduction, normaliser=c)
+    (g_theirs,) = torch.autograd.grad(theirs.sum(), logits)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-14)
+    torch.testing.assert_close(g_ours, g_theirs, rtol=0, atol=1e-15)
+    if reduction == "sum":  # peer: cross-entropy with ignore_index, summed
+        labels = targets.masked_fill(~mask, -100)
+        peer = F.cross_entropy(logits.reshape(-1, 7), labels.reshape(-1), ignore_index=-100, reduction="sum")
+        torch.testing.assert_close(ours, peer, rtol=0, atol=1e-13)
+    if reduction == "sequence_mean":  # the mean of each row's own cross-entropy
+        rows = [F.cross_entropy(logits[b][mask[b]], targets[b][mask[b]]) for b in range(3)]
+        torch.testing.assert_close(ours, torch.stack(rows).mean(), rtol=0, atol=1e-14)
+
+
+def test_sft_loss_logprobs_route_on_a_model_float64():
+    """On a model: the two routes give the same loss and parameter gradients (float64)."""
+    model = gpt2_model(3)
+    batch = pack_examples(random_examples(LENGTHS[:4], seed=8), 20)
+    grads_by_route = []
+    for route in ("logits", "logprobs"):
+        model.zero_grad()
+        logits = model(batch.ids, positions=batch.positions, mask=batch.attention_mask)
+        if route == "logits":
+            loss = sft_loss(logits, batch.targets, batch.loss_mask, reduction="sequence_mean")
+        else:
+            loss = sft_loss_from_logprobs(token_logprobs(logits, batch.targets), batch.loss_mask,
+                                          reduction="sequence_mean")
+        loss.backward()
+        grads_by_route.append((loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+    (l1, g1), (l2, g2) = grads_by_route
+    assert float(l1) == float(l2)
+    torch.testing.assert_close(g1, g2, rtol=0, atol=1e-15)
+
+
+def test_sft_loss_default_unchanged():
+    """The default reduction is today's token mean, bit for bit, and num_tokens a constant."""
+    logits = torch.randn(2, 6, 5, generator=gen(9), dtype=D)
+    targets = torch.randint(0, 5, (2, 6), generator=gen(10))
+    mask = torch.tensor([[0, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1]]).bool()
+    nll = -token_logprobs(logits, targets)
+    assert float(sft_loss(logits, targets, mask)) == float(nll[mask].sum() / 7)
+    assert float(sft_loss(logits, targets, mask, 12)) == float(
+        sft_loss(logits, targets, mask, reduction="constant", normaliser=12.0))
+
+
+def test_sft_loss_empty_mask_by_reduction():
+    logp = -torch.rand(2, 3, generator=gen(11), dtype=D)
+    empty = torch.zeros(2, 3, dtype=torch.bool)
+    assert float(sft_loss_from_logprobs(logp, empty, reduction="sum")) == 0.0
+    assert float(sft_loss_from_logprobs(logp, empty, num_tokens=5)) == 0.0  # a micro-batch adds nothing
+    with pytest.raises(ValueError, match="no response tokens"):
+        sft_loss_from_logprobs(logp, empty)
+    with pytest.raises(ValueError, match="row with no ones"):
+        sft_loss_from_logprobs(logp, empty, reduction="sequence_mean")
+
+
+def test_sft_loss_from_logprobs_bad_input():
+    logp, mask = -torch.rand(2, 3, dtype=D), torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"logprobs must be \(B, T\)"):
+        sft_loss_from_logprobs(logp[0], mask[0])
+    with pytest.raises(ValueError, match="loss_mask must have the shape of logprobs"):
+        sft_loss_from_logprobs(logp, mask[:, :2])
+    with pytest.raises(ValueError, match="log-probabilities"):
+        sft_loss_from_logprobs(-logp, mask)
+    with pytest.raises(ValueError, match="log-probabilities"):
+        sft_loss_from_logprobs(torch.full((2, 3), math.nan, dtype=D), mask)
+    with pytest.raises(TypeError, match="logprobs"):
+        sft_loss_from_logprobs(torch.zeros(2, 3, dtype=torch.long), mask)
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        sft_loss_from_logprobs(logp, mask, reduction="mean")
+    with pytest.raises(ValueError, match="num_tokens is reduction='constant'"):
+        sft_loss_from_logprobs(logp, mask, 4, reduction="sum")
+    with pytest.raises(ValueError, match="needs a normaliser"):
+        sft_loss_from_logprobs(logp, mask, reduction="constant")
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        sft_loss(torch.zeros(2, 3, 4), torch.zeros(2, 3, dtype=torch.long), mask, reduction="avg")
+    # masked-out positions may hold anything
+    nan_pad = torch.tensor([[-1.0, math.nan, 3.0]], dtype=D)
+    assert float(sft_loss_from_logprobs(nan_pad, torch.tensor([[1, 0, 0]]))) == 1.0
+
+
+
 # ---------------------------------------------------------------- sft_step
 
 
@@ -429,3 +542,73 @@ def test_response_values_splits_by_example():
         response_values(vals, (b.ids, b.targets))
     with pytest.raises(TypeError, match="example_ids"):
         response_values(vals, SFTBatch(b.ids, b.targets, b.loss_mask))
+
+
+# ---------------------------------------------------------------- the stop model: what a reduction does to lengths
+
+
+def test_stop_model_worked_example():
+    # T = 3: h_1 = sigma(0) = 1/2, h_2 = sigma(log 3) = 3/4, h_3 = 1
+    theta = torch.tensor([0.0, math.log(3.0)], dtype=D)
+    logprobs, mask = stop_model_logprobs(theta, torch.tensor([3, 1, 2]))
+    h = [0.5, 0.75]
+    want = torch.tensor([[math.log(1 - h[0]), math.log(1 - h[1]), 0.0],
+                         [math.log(h[0]), 0.0, 0.0],
+                         [math.log(1 - h[0]), math.log(h[1]), 0.0]], dtype=D)
+    torch.testing.assert_close(logprobs, want, rtol=0, atol=1e-15)
+    assert mask.tolist() == [[True, True, True], [True, False, False], [True, True, False]]
+    torch.testing.assert_close(stop_model_lengths(theta), torch.tensor([0.5, 0.375, 0.125], dtype=D),
+                               rtol=0, atol=1e-15)
+
+
+def test_fitted_length_distribution_worked_example():
+    lengths = torch.tensor([1, 2, 2, 4])  # p = (1/4, 1/2, 0, 1/4)
+    torch.testing.assert_close(fitted_length_distribution(lengths, 4),
+                               torch.tensor([0.25, 0.5, 0.0, 0.25], dtype=D))
+    # per-sequence mean: p(L)/L = (1/4, 1/4, 0, 1/16), normalised by 9/16
+    torch.testing.assert_close(fitted_length_distribution(lengths, 4, "sequence_mean"),
+                               torch.tensor([4 / 9, 4 / 9, 0.0, 1 / 9], dtype=D))
+
+
+@pytest.mark.parametrize("reduction", ["sum", "token_mean", "sequence_mean"])
+def test_fit_stop_model_lands_on_the_closed_form(reduction):
+    lengths = torch.repeat_interleave(torch.arange(1, 6), torch.tensor([3, 1, 4, 1, 5]))
+    q = stop_model_lengths(fit_stop_model(lengths, 5, reduction))
+    torch.testing.assert_close(q, fitted_length_distribution(lengths, 5, reduction), rtol=0, atol=1e-6)
+    mean = float((q * torch.arange(1, 6)).sum())
+    if reduction == "sequence_mean":  # the harmonic mean of the observed lengths
+        assert mean == pytest.approx(len(lengths) / float((1 / lengths.double()).sum()), abs=1e-5)
+    else:
+        assert mean == pytest.approx(float(lengths.double().mean()), abs=1e-5)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.integers(0, 9), min_size=2, max_size=7), st.integers(0, 100))
+def test_stop_model_lengths_sum_to_one_and_match_logprobs(raw, seed):
+    theta = torch.randn(len(raw), generator=gen(seed), dtype=D)
+    q = stop_model_lengths(theta)
+    assert float(q.sum()) == pytest.approx(1.0, abs=1e-12)
+    L = torch.tensor([1 + r % (len(raw) + 1) for r in raw])
+    logprobs, mask = stop_model_logprobs(theta, L)
+    torch.testing.assert_close(sft_loss_from_logprobs(logprobs, mask, reduction="none").sum(1),
+                               -torch.log(q[L - 1]), rtol=0, atol=1e-12)
+
+
+def test_stop_model_bad_input():
+    theta = torch.zeros(3, dtype=D)
+    with pytest.raises(ValueError, match="lengths must be"):
+        stop_model_logprobs(theta, torch.tensor([0, 2]))
+    with pytest.raises(ValueError, match="lengths must be"):
+        stop_model_logprobs(theta, torch.tensor([5]))
+    with pytest.raises(ValueError, match="stop_logits must be 1-d"):
+        stop_model_lengths(torch.zeros(2, 2, dtype=D))
+    with pytest.raises(TypeError, match="stop_logits"):
+        stop_model_lengths(torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        fit_stop_model(torch.tensor([1, 2]), 3, "none")
+    with pytest.raises(ValueError, match="max_length must be at least 2"):
+        fit_stop_model(torch.tensor([1]), 1)
+    with pytest.raises(ValueError, match="lengths must be"):
+        fitted_length_distribution(torch.tensor([4]), 3)
+    with pytest.raises(TypeError, match="lengths"):
+        fitted_length_distribution(torch.tensor([1.0]), 3)

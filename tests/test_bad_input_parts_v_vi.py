@@ -42,6 +42,26 @@ ALIGNMENT_CASES = [
     ("response_logprobs negative ids", lambda: logprobs.response_logprobs(
         lambda x: torch.zeros(*x.shape, 4), torch.tensor([[0, -1]]), torch.tensor([[1]])),
      ValueError, "prompt_ids must hold token ids >= 0"),
+    ("reduce_tokens unknown reduction", lambda: logprobs.reduce_tokens(torch.zeros(2, 3), torch.ones(2, 3), "avg"),
+     ValueError, "reduction must be one of"),
+    ("reduce_tokens all-false mask, token mean", lambda: logprobs.reduce_tokens(
+        torch.zeros(2, 3), torch.zeros(2, 3), "token_mean"), ValueError, "mask has no ones"),
+    ("reduce_tokens empty sequence, sequence mean", lambda: logprobs.reduce_tokens(
+        torch.zeros(2, 3), torch.tensor([[1, 0, 0], [0, 0, 0]]), "sequence_mean"), ValueError, "row with no ones"),
+    ("reduce_tokens constant without normaliser", lambda: logprobs.reduce_tokens(
+        torch.zeros(2, 3), torch.ones(2, 3), "constant"), ValueError, "needs a normaliser"),
+    ("reduce_tokens NaN normaliser", lambda: logprobs.reduce_tokens(
+        torch.zeros(2, 3), torch.ones(2, 3), "constant", NAN), ValueError, "constant must be a positive"),
+    ("reduce_sequences empty mean", lambda: logprobs.reduce_sequences(torch.zeros(0)),
+     ValueError, "values is empty"),
+    ("sequence_values bad reduction", lambda: logprobs.sequence_values(torch.zeros(2, 3), torch.ones(2, 3), "none"),
+     ValueError, "reduction must be one of"),
+    ("ppo_policy_loss bad reduction", lambda: losses.ppo_policy_loss(
+        _lp(2, 3), _lp(2, 3), torch.zeros(2), torch.ones(2, 3), 0.2, reduction="mean"),
+     ValueError, "reduction must be one of"),
+    ("ppo_value_loss normaliser without constant", lambda: losses.ppo_value_loss(
+        _lp(2, 3), _lp(2, 3), _lp(2, 3), torch.ones(2, 3), None, normaliser=4.0),
+     ValueError, "normaliser applies to reduction='constant' only"),
     ("bradley_terry empty", lambda: losses.bradley_terry_loss(torch.zeros(0), torch.zeros(0)),
      ValueError, r"r_chosen is empty \(shape \(0,\)\)"),
     ("bradley_terry NaN", lambda: losses.bradley_terry_loss(torch.tensor([0.0, NAN]), torch.zeros(2)),

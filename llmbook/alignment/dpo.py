@@ -247,7 +247,7 @@ def _check_pair_shapes(chosen: Tensor, rejected: object) -> None:
 class DPOBatch(NamedTuple):
     """The DPO loss of a batch and its implicit rewards.
 
-    ``loss``: a scalar (mean over pairs) or (N,) per pair; ``chosen_rewards`` and
+    ``loss``: a scalar (mean or sum over pairs) or (N,) per pair; ``chosen_rewards`` and
     ``rejected_rewards`` (N,): beta log(pi / pi_ref) of y_w and y_l (detached).
     """
 

@@ -20,10 +20,17 @@ This module holds:
   computed by running a causal LM on the concatenation and shifting by one;
 * :func:`token_entropy`: the entropy -sum_v p_v log p_v of the next-token distribution;
 * :func:`masked_sum`, :func:`masked_mean`, :func:`masked_normalize`: reductions over the
-  response tokens only (padding and prompt excluded). The choice between a per-sequence
-  mean, a per-batch token mean and a division by a constant is the "aggregation" of
-  chapter 20, and the source of the length bias analysed by Liu et al., 2025,
-  "Understanding R1-Zero-like Training: A Critical Perspective" (Dr. GRPO);
+  response tokens only (padding and prompt excluded);
+* :func:`reduce_tokens`: the one reduction every alignment loss uses to turn per-token
+  values (B, T) into its loss: "none", "sum", "token_mean", "sequence_mean" or "constant"
+  (:data:`REDUCTIONS`). The choice between a per-sequence mean, a per-batch token mean and
+  a division by a constant is the "aggregation" of chapter 20, and the source of the
+  length bias analysed by Liu et al., 2025, "Understanding R1-Zero-like Training: A
+  Critical Perspective" (Dr. GRPO); :func:`reduction_weights` gives the gradient weight
+  each token receives and :func:`reduction_weights_symbolic` derives it (chapter 17,
+  section 17.8); :func:`reduce_sequences` is the same for per-sequence losses (B,) ("none",
+  "sum", "mean"), and :func:`sequence_values` turns per-token values into one per sequence
+  (the summed log pi(y|x) of DPO, or SimPO's and ORPO's length-normalised mean);
 * :func:`response_mask`: the (B, T) mask of response positions from prompt lengths.
 
 Masks are boolean tensors, or numeric tensors holding only 0 and 1, of exactly the shape of
@@ -34,7 +41,9 @@ mean over a mask with no ones is a ``ValueError``, never a NaN.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+import sympy as sp
 import torch
 from torch import Tensor
 
@@ -43,15 +52,28 @@ from llmbook.validation import check_finite, check_positive_int, check_token_ids
 from llmbook.validation import check_floating_tensor as _check_floating
 
 __all__ = [
+    "REDUCTIONS",
+    "SEQUENCE_REDUCTIONS",
+    "check_reduction",
     "masked_mean",
     "masked_normalize",
     "masked_sum",
+    "reduce_sequences",
+    "reduce_tokens",
+    "reduction_weights",
+    "reduction_weights_symbolic",
     "response_logprobs",
     "response_mask",
     "response_outputs",
+    "sequence_values",
     "token_entropy",
     "token_logprobs",
 ]
+
+#: The reductions of per-token values (B, T) that :func:`reduce_tokens` knows.
+REDUCTIONS = ("none", "sum", "token_mean", "sequence_mean", "constant")
+#: The reductions of per-sequence (per-pair) values (N,) that :func:`reduce_sequences` knows.
+SEQUENCE_REDUCTIONS = ("mean", "sum", "none")
 
 # ---------------------------------------------------------------- validation
 
@@ -297,3 +319,169 @@ def response_mask(prompt_lengths: Tensor, total_length: int,
                          f"sequence_lengths={end.tolist()}")
     t = torch.arange(total_length, device=prompt_lengths.device)  # (T,)
     return (t >= prompt_lengths[:, None]) & (t < end[:, None])  # (B, T)
+
+
+# ---------------------------------------------------------------- the reduction of a loss
+
+
+def check_reduction(reduction: object, allowed: tuple[str, ...] = REDUCTIONS,
+                    name: str = "reduction") -> str:
+    """Return ``reduction`` if it is one of ``allowed`` (a ``str``), else raise naming it."""
+    if not isinstance(reduction, str):
+        raise TypeError(f"{name} must be a str, one of {allowed}, got {reduction!r} "
+                        f"({type(reduction).__name__})")
+    if reduction not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {reduction!r}")
+    return reduction
+
+
+def reduce_tokens(values: Tensor, mask: Tensor, reduction: str = "token_mean",
+                  normaliser: float | None = None) -> Tensor:
+    """Per-token values (B, T) and their mask (B, T) -> the loss under ``reduction``.
+
+    With m the mask, L_b = sum_t m_bt the number of tokens of sequence b and B the number
+    of sequences (all leading dimensions together; the last one is the token axis):
+
+    * ``"none"``: the per-token values (B, T) with masked-out positions set to exactly 0
+      (even where they held inf or NaN), so that ``reduce_tokens(v, m, "none").sum()`` is
+      the ``"sum"``;
+    * ``"sum"``: sum_bt m_bt v_bt, a scalar: a token weighs 1;
+    * ``"token_mean"``: the sum / sum_b L_b, every token of the batch weighted alike
+      (the SFT loss, PPO, DAPO; trl's "bnpo");
+    * ``"sequence_mean"``: mean over sequences of each sequence's own token mean,
+      (1/B) sum_b (1/L_b) sum_t m_bt v_bt (the GRPO paper): a token of sequence b weighs
+      1 / (B L_b), so tokens of short sequences weigh more;
+    * ``"constant"``: the sum / ``normaliser`` C, a number fixed in advance, e.g. B times
+      the longest allowed response (Dr. GRPO, Liu et al., 2025) or the whole batch's token
+      count when ``values`` is one micro-batch of it: a token weighs 1/C whatever its
+      sequence.
+
+    ``normaliser`` (a positive finite number) is required by ``"constant"`` and refused by
+    the others. The mask is boolean or 0/1, exactly the shape of ``values`` (never
+    broadcast). What an empty mask does: ``"sum"`` and ``"constant"`` of no tokens are 0
+    (a micro-batch without response tokens adds nothing), and ``"none"`` is all zeros; a
+    mean over no tokens is undefined, so ``"token_mean"`` with an all-false mask, and
+    ``"sequence_mean"`` with any sequence that has no tokens, raise ``ValueError`` (as
+    :func:`masked_mean` does), never return NaN. Differentiable in ``values``; the weights
+    of the gradient are :func:`reduction_weights`.
+    """
+    _check_floating(values, "values")
+    reduction = check_reduction(reduction)
+    if values.ndim == 0:
+        raise ValueError("values must have a token axis, (..., T), got a 0-d tensor")
+    m = _check_mask(mask, values, "mask", "values")
+    if reduction != "constant" and normaliser is not None:
+        raise ValueError(f"normaliser applies to reduction='constant' only, got "
+                         f"reduction={reduction!r} with normaliser={normaliser!r}")
+    if reduction == "none":
+        return torch.where(m > 0, values, torch.zeros_like(values))
+    if reduction == "sum":
+        return masked_sum(values, m)
+    if reduction == "token_mean":
+        if float(m.sum()) == 0:
+            raise ValueError("mask has no ones: reduction='token_mean' (a mean over the tokens) "
+                             "is undefined")
+        return masked_mean(values, m)
+    if reduction == "sequence_mean":
+        return masked_mean(values, m, dim=-1).mean()
+    if normaliser is None:
+        raise ValueError("reduction='constant' needs a normaliser (e.g. B * max_length)")
+    return masked_normalize(values, m, normaliser)
+
+
+def reduction_weights(mask: Tensor, reduction: str = "token_mean",
+                      normaliser: float | None = None) -> Tensor:
+    """The weight w_bt = d reduce_tokens(v, mask) / d v_bt of every token: (B, T) -> (B, T).
+
+    Every reduction is linear in the values, reduce = sum_bt w_bt v_bt, so the weights are
+    its gradient: m_bt for ``"sum"``, m_bt / sum L for ``"token_mean"``, m_bt / (B L_b) for
+    ``"sequence_mean"``, m_bt / C for ``"constant"``, all in float64. ``"none"`` has no
+    single gradient (it returns a tensor) and is refused. Same validation as
+    :func:`reduce_tokens`.
+    """
+    if reduction == "none":
+        raise ValueError("reduction='none' returns per-token values, not a loss: it has no weights")
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+    values = torch.zeros(tuple(mask.shape), dtype=torch.float64, requires_grad=True)
+    reduce_tokens(values, mask, reduction, normaliser).backward()
+    return values.grad
+
+
+def reduction_weights_symbolic(lengths: list[int] | None = None) -> dict[str, Any]:
+    """The weight of one token of sequence b under each reduction, derived with SymPy.
+
+    A batch of B sequences of L_1, ..., L_B tokens with symbolic per-token losses l_bt;
+    each reduction is written out as the loss it is and differentiated with respect to
+    l_b1. Returns ``{"sum": 1, "token_mean": 1/(L_1 + ... + L_B), "sequence_mean":
+    1/(B L_b), "constant": 1/C, "B": B, "L": (L_1, ..., L_B)}`` for sequence b = 1, with
+    ``lengths`` the concrete L_b (default: symbols for B = 3), and under "per_sequence" the
+    same for every sequence: {reduction: (w_1, ..., w_B)}. The per-sequence totals
+    follow: sequence b receives L_b / (sum L) of the token mean's gradient but 1 / B of the
+    sequence mean's.
+    """
+    if lengths is None:
+        L = sp.symbols("L_1:4", positive=True, integer=True)
+        sizes = None
+    else:
+        if not isinstance(lengths, list | tuple) or not lengths or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths):
+            raise ValueError(f"lengths must be a non-empty list of positive ints, got {lengths!r}")
+        L, sizes = tuple(sp.Integer(n) for n in lengths), list(lengths)
+    B = len(L)
+    C = sp.Symbol("C", positive=True)
+    # symbolic per-token losses: sizes known -> concrete tokens; else a representative token
+    # l_b1 plus the rest of sequence b summed as (L_b - 1) copies of a second symbol
+    first = sp.symbols(f"l_1:{B + 1}")
+    rest = sp.symbols(f"r_1:{B + 1}")
+    if sizes is None:
+        seq_sums = [first[b] + (L[b] - 1) * rest[b] for b in range(B)]
+    else:
+        seq_sums = [first[b] + sum(sp.Symbol(f"l_{b + 1}_{t}") for t in range(2, sizes[b] + 1))
+                    for b in range(B)]
+    total = sum(seq_sums)
+    losses = {"sum": total, "token_mean": total / sum(L),
+              "sequence_mean": sum(s / n for s, n in zip(seq_sums, L, strict=True)) / B,
+              "constant": total / C}
+    out: dict[str, Any] = {k: sp.simplify(sp.diff(v, first[0])) for k, v in losses.items()}
+    out["B"], out["L"] = sp.Integer(B), L
+    out["per_sequence"] = {k: tuple(sp.simplify(sp.diff(v, first[b])) for b in range(B))
+                           for k, v in losses.items()}
+    return out
+
+
+def reduce_sequences(values: Tensor, reduction: str = "mean") -> Tensor:
+    """Per-sequence (per-pair) values (N,) -> the loss: ``"mean"``, ``"sum"`` or ``"none"``.
+
+    The reduction of the sequence-level losses (DPO, IPO, KTO, ORPO, SimPO, RLOO, GSPO,
+    Bradley-Terry): each sequence or pair weighs 1/N (``"mean"``) or 1 (``"sum"``), or the
+    values come back as they are (``"none"``). An empty ``values`` under ``"mean"`` is a
+    ``ValueError``.
+    """
+    _check_floating(values, "values")
+    reduction = check_reduction(reduction, SEQUENCE_REDUCTIONS)
+    if reduction == "none":
+        return values
+    if reduction == "sum":
+        return values.sum()
+    if values.numel() == 0:
+        raise ValueError("values is empty: reduction='mean' (a mean over no sequences) is undefined")
+    return values.mean()
+
+
+def sequence_values(values: Tensor, mask: Tensor, reduction: str = "sum") -> Tensor:
+    """Per-token values (B, T) -> one per sequence (B,): their masked ``"sum"`` or ``"mean"``.
+
+    With per-token log-probabilities, ``"sum"`` is log pi(y | x), what DPO, IPO (before its
+    division by the length), KTO and RLOO take; ``"mean"`` is the length-normalised
+    (1/|y|) log pi(y | x) of SimPO's reward and ORPO's odds, so those methods apply a
+    per-sequence token mean where DPO applies a sum. A sequence with no tokens is a
+    ``ValueError`` under ``"mean"`` and 0 under ``"sum"``.
+    """
+    _check_floating(values, "values")
+    reduction = check_reduction(reduction, ("sum", "mean"))
+    if values.ndim < 1:
+        raise ValueError("values must have a token axis, (..., T), got a 0-d tensor")
+    if reduction == "sum":
+        return masked_sum(values, mask, dim=-1)
+    return masked_mean(values, mask, dim=-1)

@@ -32,6 +32,12 @@ monitored with.
 
 Conventions. Per-token tensors are (B, T) with a (B, T) mask of response tokens (boolean or
 0/1, exactly the shape of the tensor; never broadcast). Per-sequence tensors are (B,).
+Every loss takes a keyword ``reduction`` whose default is the method's own: the per-token
+losses (policy gradient, PPO, GRPO) any of
+:data:`~llmbook.alignment.logprobs.REDUCTIONS` through
+:func:`~llmbook.alignment.logprobs.reduce_tokens` ("none" returns the per-token values),
+the per-pair losses (Bradley-Terry, DPO) "mean", "sum" or "none" through
+:func:`~llmbook.alignment.logprobs.reduce_sequences`.
 Constants of an update (old log-probabilities, advantages, returns, rewards) are detached
 inside the losses, so their gradient flows only through the current policy or value.
 The conventions (which quantity is averaged over what) follow trl 1.16.0, against which
@@ -47,7 +53,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from llmbook.alignment.logprobs import _check_mask, masked_mean, masked_sum
+from llmbook.alignment.logprobs import (
+    REDUCTIONS,
+    _check_mask,
+    check_reduction,
+    masked_mean,
+    masked_sum,
+    reduce_sequences,
+    reduce_tokens,
+)
 from llmbook.validation import (
     check_finite,
     check_nonempty,
@@ -146,23 +160,11 @@ def _per_sequence_to_tokens(adv: Tensor, like: Tensor, name: str) -> Tensor:
                      f"{tuple(like.shape[:-1])} (per sequence), got {tuple(adv.shape)}")
 
 
-def _reduce(per_item: Tensor, reduction: str) -> Tensor:
-    if reduction == "mean":
-        return per_item.mean()
-    return per_item
-
-
-def _check_reduction(reduction: object) -> str:
-    if reduction not in ("mean", "none"):
-        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
-    return str(reduction)
-
-
 # ---------------------------------------------------------------- reward model (chapter 17)
 
 
 def bradley_terry_loss(r_chosen: Tensor, r_rejected: Tensor, margin: Tensor | float | None = None,
-                       center_coefficient: float = 0.0) -> Tensor:
+                       center_coefficient: float = 0.0, *, reduction: str = "mean") -> Tensor:
     """Mean of -log sigma(r_chosen - r_rejected - margin): the reward-model loss, a scalar.
 
     Under the Bradley-Terry model P(chosen > rejected) = sigma(r_chosen - r_rejected), so
@@ -172,9 +174,11 @@ def bradley_terry_loss(r_chosen: Tensor, r_rejected: Tensor, margin: Tensor | fl
     preferences) asks the chosen reward to win by at least that much. The optional
     ``center_coefficient`` c adds c * mean((r_chosen + r_rejected)^2), which pins the
     free additive constant of the rewards near zero (Eisenstein et al., 2023). Both extras
-    are those of trl's ``RewardTrainer``.
+    are those of trl's ``RewardTrainer``. ``reduction`` "mean" (default), "sum" or "none"
+    (the loss of each pair, centring term included).
     """
     _check_pairs(r_chosen=r_chosen, r_rejected=r_rejected)
+    reduction = check_reduction(reduction, ("mean", "sum", "none"))
     diff = r_chosen - r_rejected
     if margin is not None:
         if isinstance(margin, Tensor):
@@ -185,6 +189,9 @@ def bradley_terry_loss(r_chosen: Tensor, r_rejected: Tensor, margin: Tensor | fl
     c = _number("center_coefficient", center_coefficient)
     if c < 0:
         raise ValueError(f"center_coefficient must be >= 0, got center_coefficient={c}")
+    if reduction != "mean":
+        per_pair = -F.logsigmoid(diff) + c * (r_chosen + r_rejected) ** 2 if c else -F.logsigmoid(diff)
+        return reduce_sequences(per_pair, reduction)
     loss = -F.logsigmoid(diff).mean()
     if c:
         loss = loss + c * ((r_chosen + r_rejected) ** 2).mean()
@@ -216,7 +223,8 @@ def dpo_loss(policy_chosen_logps: Tensor, policy_rejected_logps: Tensor,
 
     ``chosen_rewards`` = beta rho_w and ``rejected_rewards`` = beta rho_l are the implicit
     rewards of DPO (detached, for monitoring), of the inputs' shape. ``loss`` is the mean
-    over pairs (``reduction="mean"``) or one value per pair (``"none"``).
+    over pairs (``reduction="mean"``), their sum (``"sum"``) or one value per pair
+    (``"none"``), through :func:`~llmbook.alignment.logprobs.reduce_sequences`.
 
     trl 1.16.0's ``"sigmoid"`` loss has no label smoothing (trl uses ``label_smoothing`` only
     for its "robust", "exo_pair" and "aot" variants); at eps = 0 the two agree.
@@ -235,7 +243,7 @@ def dpo_loss(policy_chosen_logps: Tensor, policy_rejected_logps: Tensor,
     eps = _number("label_smoothing", label_smoothing)
     if not 0 <= eps < 0.5:
         raise ValueError(f"label_smoothing must lie in [0, 0.5), got label_smoothing={eps}")
-    reduction = _check_reduction(reduction)
+    reduction = check_reduction(reduction, ("mean", "sum", "none"))
     chosen_ratio = policy_chosen_logps - ref_chosen_logps
     rejected_ratio = policy_rejected_logps - ref_rejected_logps
     if loss_type == "sigmoid":
@@ -268,14 +276,15 @@ def dpo_loss(policy_chosen_logps: Tensor, policy_rejected_logps: Tensor,
         per_pair = (chosen_ratio_avg - rejected_ratio_avg - 1 / (2 * beta)) ** 2
     chosen_rewards = beta * chosen_ratio.detach()
     rejected_rewards = beta * rejected_ratio.detach()
-    return _reduce(per_pair, reduction), chosen_rewards, rejected_rewards
+    return reduce_sequences(per_pair, reduction), chosen_rewards, rejected_rewards
 
 
 # ---------------------------------------------------------------- policy gradient, GAE, PPO (ch. 18)
 
 
 def policy_gradient_loss(logprobs: Tensor, rewards: Tensor, baseline: Tensor | float | None = None,
-                         mask: Tensor | None = None) -> Tensor:
+                         mask: Tensor | None = None, *, reduction: str = "constant",
+                         normaliser: float | None = None) -> Tensor:
     """REINFORCE: -mean_b (R_b - b) log pi(y_b | x_b), a scalar whose gradient is the policy gradient.
 
     ``logprobs`` are sequence log-probabilities (B,), or per-token ones (B, T) with a
@@ -283,17 +292,27 @@ def policy_gradient_loss(logprobs: Tensor, rewards: Tensor, baseline: Tensor | f
     ``baseline`` (a number, a () tensor or a (B,) tensor; None for no baseline) are constants
     (detached). Any baseline that does not depend on the sampled response leaves the
     expected gradient unchanged and can only reduce its variance.
+
+    ``reduction`` (:func:`~llmbook.alignment.logprobs.reduce_tokens`) acts on the per-token
+    losses -(R_b - b) log pi(y_bt | ...) (one per sequence for (B,) inputs). The default,
+    "constant" with ``normaliser`` None meaning B, is the REINFORCE estimate above; "none"
+    returns the per-token losses (B, T) (or (B,)), "sum" drops the 1/B, "token_mean" divides
+    by the number of response tokens and "sequence_mean" by each sequence's own length, which
+    changes the weight of long against short responses (chapter 17, section 17.8).
     """
+    reduction = check_reduction(reduction)
     _check_same_shape(logprobs=logprobs)
     if logprobs.ndim == 2:
         if mask is None:
             raise ValueError("per-token logprobs (B, T) need a mask (B, T) of response tokens")
         seq_logps = masked_sum(logprobs, mask, dim=1)  # (B,)
+        token_mask = mask
     elif logprobs.ndim == 1:
         if mask is not None:
             raise ValueError("mask applies to per-token logprobs (B, T) only, got logprobs of "
                              f"shape {tuple(logprobs.shape)}")
         seq_logps = logprobs
+        token_mask = None
     else:
         raise ValueError(f"logprobs must be (B,) or (B, T), got shape {tuple(logprobs.shape)}")
     check_finite(_check_floating(rewards, "rewards"), "rewards")
@@ -310,7 +329,13 @@ def policy_gradient_loss(logprobs: Tensor, rewards: Tensor, baseline: Tensor | f
             weight = weight - baseline.detach()
         else:
             weight = weight - _number("baseline", baseline)
-    return -(weight * seq_logps).mean()
+    if reduction == "constant" and normaliser is None:
+        return -(weight * seq_logps).mean()  # the default: REINFORCE, C = B
+    if token_mask is None:  # one value per sequence: each sequence is one "token"
+        per_item = -(weight * seq_logps)
+        out = reduce_tokens(per_item[:, None], torch.ones_like(per_item[:, None]), reduction, normaliser)
+        return out[:, 0] if reduction == "none" else out
+    return reduce_tokens(-(weight[:, None] * logprobs), token_mask, reduction, normaliser)
 
 
 def gae(rewards: Tensor, values: Tensor, gamma: float, lam: float,
@@ -361,7 +386,8 @@ def gae(rewards: Tensor, values: Tensor, gamma: float, lam: float,
 
 
 def ppo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                    clip_eps: float, clip_eps_high: float | None = None) -> tuple[Tensor, Tensor]:
+                    clip_eps: float, clip_eps_high: float | None = None, *,
+                    reduction: str = "token_mean", normaliser: float | None = None) -> tuple[Tensor, Tensor]:
     """PPO's clipped surrogate as a loss, and the fraction of clipped tokens: (loss, clip_fraction).
 
     With the ratio rho_t = pi(y_t | .) / pi_old(y_t | .) = exp(logprobs - old_logprobs) and
@@ -374,7 +400,12 @@ def ppo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
     ``clip_fraction`` (detached) is the fraction of unmasked tokens on which the clipped term
     is the active one, so whose gradient is zero: rho < 1 - eps with A < 0, or rho > 1 + eps
     with A > 0.
+
+    ``reduction`` (:func:`~llmbook.alignment.logprobs.reduce_tokens`, default the token mean
+    above; ``normaliser`` for "constant") turns the per-token losses into ``loss``; "none"
+    returns them, (B, T), zero off the mask. The clip fraction is a token mean in any case.
     """
+    reduction = check_reduction(reduction)
     _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs)
     adv = _per_sequence_to_tokens(advantages, logprobs, "advantages").detach()
     low, high = _clip_range(clip_eps, clip_eps_high)
@@ -383,13 +414,14 @@ def ppo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
     clipped = torch.clamp(ratio, 1 - low, 1 + high)
     per_token = torch.maximum(-ratio * adv, -clipped * adv)
     is_clipped = ((ratio < 1 - low) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))
-    loss = masked_mean(per_token, mask)
+    loss = reduce_tokens(per_token, mask, reduction, normaliser)
     clip_fraction = masked_mean(is_clipped.to(logprobs.dtype), mask).detach()
     return loss, clip_fraction
 
 
 def ppo_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor,
-                   clip_eps: float | None) -> tuple[Tensor, Tensor]:
+                   clip_eps: float | None, *, reduction: str = "token_mean",
+                   normaliser: float | None = None) -> tuple[Tensor, Tensor]:
     """PPO's clipped value loss and its clip fraction: (loss, clip_fraction).
 
     0.5 * masked mean of max((V - R)^2, (V_clip - R)^2) with
@@ -397,19 +429,22 @@ def ppo_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Te
     from the values recorded at rollout time (the ``cliprange_value`` of the PPO
     implementations for RLHF). ``clip_eps=None`` gives the plain 0.5 * mean (V - R)^2. All
     tensors (B, T); ``old_values`` and ``returns`` are detached. ``clip_fraction`` is the
-    fraction of unmasked tokens where the clipped term is the larger.
+    fraction of unmasked tokens where the clipped term is the larger. ``reduction`` and
+    ``normaliser`` as in :func:`ppo_policy_loss` (the 0.5 applies to every reduction).
     """
+    reduction = check_reduction(reduction)
     _check_same_shape(values=values, old_values=old_values, returns=returns)
     _check_mask(mask, values, "mask", "values")
     old = old_values.detach()
     target = returns.detach()
     unclipped = (values - target) ** 2
     if clip_eps is None:
-        return 0.5 * masked_mean(unclipped, mask), masked_mean(torch.zeros_like(unclipped), mask)
+        return (0.5 * reduce_tokens(unclipped, mask, reduction, normaliser),
+                masked_mean(torch.zeros_like(unclipped), mask))
     eps = check_positive_number("clip_eps", clip_eps)
     v_clip = old + torch.clamp(values - old, -eps, eps)
     clipped = (v_clip - target) ** 2
-    loss = 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask)
+    loss = 0.5 * reduce_tokens(torch.maximum(unclipped, clipped), mask, reduction, normaliser)
     clip_fraction = masked_mean((clipped > unclipped).to(values.dtype), mask).detach()
     return loss, clip_fraction
 
@@ -577,7 +612,7 @@ class GRPOLossOutput(NamedTuple):
 def grpo_loss(logprobs: Tensor, old_logprobs: Tensor | None, ref_logprobs: Tensor | None,
               advantages: Tensor, mask: Tensor, clip_eps: float, beta: float,
               aggregation: str = "sequence_mean", clip_eps_high: float | None = None,
-              max_length: int | None = None) -> GRPOLossOutput:
+              max_length: int | None = None, *, reduction: str | None = None) -> GRPOLossOutput:
     """The GRPO loss (Shao et al., 2024, eq. 3, negated): clipped surrogate plus beta * k3 KL.
 
     Per token (B, T): l_t = -min(rho_t A, clip(rho_t, 1 - eps, 1 + eps_high) A)
@@ -599,6 +634,11 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor | None, ref_logprobs: Tenso
       T, at least T) the maximum response length (Dr. GRPO; trl ``"dr_grpo"`` with
       ``max_completion_length``).
 
+    These are three of :func:`~llmbook.alignment.logprobs.reduce_tokens`'s reductions, which
+    computes them; its other two are accepted too: ``"sum"`` and ``"none"`` (the per-token
+    losses (B, T), zero off the mask). ``reduction`` is the same argument under the name the
+    other losses use; pass one or the other.
+
     Returns ``GRPOLossOutput(loss, kl, clip_fraction)``; ``kl`` is the token mean of k3
     (None without ``ref_logprobs``), ``clip_fraction`` as in :func:`ppo_policy_loss`.
     """
@@ -618,8 +658,13 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor | None, ref_logprobs: Tenso
             raise ValueError(f"ref_logprobs is needed for the KL penalty when beta={beta} > 0")
     else:
         _check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
-    if aggregation not in GRPO_AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {GRPO_AGGREGATIONS}, got {aggregation!r}")
+    if reduction is not None:
+        reduction = check_reduction(reduction)
+        if aggregation != "sequence_mean" and aggregation != reduction:
+            raise ValueError(f"aggregation={aggregation!r} and reduction={reduction!r} are the same "
+                             "argument: pass one of them")
+        aggregation = reduction
+    aggregation = check_reduction(aggregation, REDUCTIONS, "aggregation")
     adv = _per_sequence_to_tokens(advantages, logprobs, "advantages").detach()
     low, high = _clip_range(clip_eps, clip_eps_high)
     m = _check_mask(mask, logprobs, "mask", "logprobs")
@@ -644,12 +689,7 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor | None, ref_logprobs: Tenso
             per_token = per_token + beta * k3
         kl = masked_mean(k3, m).detach()
 
-    if aggregation == "sequence_mean":
-        loss = masked_mean(per_token, m, dim=1).mean()
-    elif aggregation == "token_mean":
-        loss = masked_mean(per_token, m)
-    else:
-        loss = masked_sum(per_token, m) / (B * max_length)
+    loss = reduce_tokens(per_token, m, aggregation, B * max_length if aggregation == "constant" else None)
     is_clipped = ((ratio < 1 - low) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))
     clip_fraction = masked_mean(is_clipped.to(logprobs.dtype), m).detach()
     return GRPOLossOutput(loss, kl, clip_fraction)

@@ -51,6 +51,13 @@ the sampling policy is the REINFORCE estimate -mean_i A_i grad log pi(y_i).
 Every function follows trl 1.16.0 (``DPOTrainer`` with ``loss_type="ipo"``, ``KTOTrainer``,
 ``ORPOTrainer.odds_ratio_loss``, ``CPOTrainer.cpo_loss`` with ``loss_type="simpo"``,
 ``RLOOTrainer``), against which tests/test_alignment_preference_losses.py compares them.
+
+Reductions. Every loss takes ``reduction`` "mean" (default), "sum" or "none" over its pairs
+or responses. The per-token part of each method is in its inputs: DPO, IPO, KTO and RLOO
+take the *sum* over the response tokens of the log-probabilities, SimPO and ORPO their
+per-sequence *mean* (SimPO divides the sum by the length itself, ORPO takes the average);
+:func:`~llmbook.alignment.logprobs.sequence_values` computes either from per-token
+log-probabilities and a mask.
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from llmbook.alignment.logprobs import SEQUENCE_REDUCTIONS, check_reduction, reduce_sequences
 from llmbook.validation import check_finite, check_positive_int, check_positive_number
 from llmbook.validation import check_floating_tensor as _check_floating
 
@@ -81,8 +89,8 @@ __all__ = [
 class PreferenceLoss(NamedTuple):
     """A loss and the rewards it implies (detached, for monitoring).
 
-    ``loss``: a scalar (``reduction="mean"``) or one value per pair or response
-    (``"none"``); ``chosen_rewards``, ``rejected_rewards``: the method's reward of each
+    ``loss``: a scalar (``reduction="mean"``, or ``"sum"``) or one value per pair or
+    response (``"none"``), through :func:`~llmbook.alignment.logprobs.reduce_sequences`; ``chosen_rewards``, ``rejected_rewards``: the method's reward of each
     chosen and rejected response (for KTO: of each desirable and undesirable response, in
     input order, with NaN where the response is of the other kind).
     """
@@ -130,22 +138,12 @@ def _check_lengths(lengths: object, like: Tensor, name: str) -> Tensor:
     return lengths.to(like.dtype)
 
 
-def _check_reduction(reduction: object) -> str:
-    if reduction not in ("mean", "none"):
-        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
-    return str(reduction)
-
-
 def _nonnegative(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be finite and >= 0, got {name}={value}")
     return float(value)
-
-
-def _reduce(per_item: Tensor, reduction: str) -> Tensor:
-    return per_item.mean() if reduction == "mean" else per_item
 
 
 # ---------------------------------------------------------------- IPO
@@ -170,7 +168,7 @@ def ipo_loss(policy_chosen_logps: Tensor, policy_rejected_logps: Tensor,
     _check_logps(policy_chosen_logps=policy_chosen_logps, policy_rejected_logps=policy_rejected_logps,
                  ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
     tau = check_positive_number("tau", tau)
-    reduction = _check_reduction(reduction)
+    reduction = check_reduction(reduction, SEQUENCE_REDUCTIONS)
     if (chosen_lengths is None) != (rejected_lengths is None):
         raise ValueError("pass both chosen_lengths and rejected_lengths, or neither")
     rho_w = policy_chosen_logps - ref_chosen_logps
@@ -181,7 +179,7 @@ def ipo_loss(policy_chosen_logps: Tensor, policy_rejected_logps: Tensor,
     else:
         h = rho_w - rho_l
     per_pair = (h - 1 / (2 * tau)) ** 2
-    return PreferenceLoss(_reduce(per_pair, reduction), tau * rho_w.detach(), tau * rho_l.detach())
+    return PreferenceLoss(reduce_sequences(per_pair, reduction), tau * rho_w.detach(), tau * rho_l.detach())
 
 
 # ---------------------------------------------------------------- KTO
@@ -237,13 +235,13 @@ def kto_loss(policy_logps: Tensor, ref_logps: Tensor, desirable: Tensor, beta: f
         z0 = torch.tensor(_nonnegative("reference_point", reference_point), dtype=policy_logps.dtype)
     lam_d = _nonnegative("desirable_weight", desirable_weight)
     lam_u = _nonnegative("undesirable_weight", undesirable_weight)
-    reduction = _check_reduction(reduction)
+    reduction = check_reduction(reduction, SEQUENCE_REDUCTIONS)
     r = policy_logps - ref_logps
     per_item = torch.where(desirable, lam_d * (1 - torch.sigmoid(beta * (r - z0))),
                            lam_u * (1 - torch.sigmoid(beta * (z0 - r))))
     nan = torch.full_like(r, float("nan"))
     reward = beta * r.detach()
-    return PreferenceLoss(_reduce(per_item, reduction), torch.where(desirable, reward, nan),
+    return PreferenceLoss(reduce_sequences(per_item, reduction), torch.where(desirable, reward, nan),
                           torch.where(desirable, nan, reward))
 
 
@@ -277,14 +275,14 @@ def orpo_loss(chosen_avg_logps: Tensor, rejected_avg_logps: Tensor, lam: float,
     """
     _check_same_1d(chosen_avg_logps=chosen_avg_logps, rejected_avg_logps=rejected_avg_logps)
     lam = _nonnegative("lam", lam)
-    reduction = _check_reduction(reduction)
+    reduction = check_reduction(reduction, SEQUENCE_REDUCTIONS)
     if chosen_nll is None:
         chosen_nll = -chosen_avg_logps
     else:
         _check_same_1d(chosen_avg_logps=chosen_avg_logps, chosen_nll=chosen_nll)
     ratio = log_odds(chosen_avg_logps) - log_odds(rejected_avg_logps)
     per_pair = chosen_nll - lam * F.logsigmoid(ratio)
-    return PreferenceLoss(_reduce(per_pair, reduction), lam * chosen_avg_logps.detach(),
+    return PreferenceLoss(reduce_sequences(per_pair, reduction), lam * chosen_avg_logps.detach(),
                           lam * rejected_avg_logps.detach())
 
 
@@ -305,12 +303,12 @@ def simpo_loss(policy_chosen_logps: Tensor, policy_rejected_logps: Tensor, chose
     _check_logps(policy_chosen_logps=policy_chosen_logps, policy_rejected_logps=policy_rejected_logps)
     beta = check_positive_number("beta", beta)
     gamma = _nonnegative("gamma", gamma)
-    reduction = _check_reduction(reduction)
+    reduction = check_reduction(reduction, SEQUENCE_REDUCTIONS)
     r_w = beta * policy_chosen_logps / _check_lengths(chosen_lengths, policy_chosen_logps, "chosen_lengths")
     r_l = beta * policy_rejected_logps / _check_lengths(rejected_lengths, policy_rejected_logps,
                                                         "rejected_lengths")
     per_pair = -F.logsigmoid(r_w - r_l - gamma)
-    return PreferenceLoss(_reduce(per_pair, reduction), r_w.detach(), r_l.detach())
+    return PreferenceLoss(reduce_sequences(per_pair, reduction), r_w.detach(), r_l.detach())
 
 
 # ---------------------------------------------------------------- RLOO
@@ -366,8 +364,8 @@ def rloo_loss(logps: Tensor, old_logps: Tensor, advantages: Tensor, clip_eps: fl
     if low >= 1:
         raise ValueError(f"clip_eps must lie in (0, 1), got clip_eps={clip_eps}")
     high = low if clip_eps_high is None else check_positive_number("clip_eps_high", clip_eps_high)
-    reduction = _check_reduction(reduction)
+    reduction = check_reduction(reduction, SEQUENCE_REDUCTIONS)
     adv = advantages.detach()
     ratio = torch.exp(logps - old_logps.detach())
     per_seq = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - low, 1 + high) * adv)
-    return _reduce(per_seq, reduction)
+    return reduce_sequences(per_seq, reduction)

@@ -42,7 +42,15 @@ import sympy as sp
 import torch
 from torch import Tensor
 
-from llmbook.alignment.logprobs import _check_mask, masked_mean, response_logprobs
+from llmbook.alignment.logprobs import (
+    REDUCTIONS,
+    SEQUENCE_REDUCTIONS,
+    _check_mask,
+    check_reduction,
+    masked_mean,
+    reduce_sequences,
+    response_logprobs,
+)
 from llmbook.alignment.losses import (
     GRPOLossOutput,
     group_normalized_rewards,
@@ -134,7 +142,7 @@ def sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor | None, mask: Tens
 
 def gspo_loss(logprobs: Tensor, old_logprobs: Tensor | None, ref_logprobs: Tensor | None,
               advantages: Tensor, mask: Tensor, clip_eps: float, beta: float,
-              clip_eps_high: float | None = None) -> GRPOLossOutput:
+              clip_eps_high: float | None = None, *, reduction: str = "mean") -> GRPOLossOutput:
     """The GSPO loss (Zheng et al., 2025, eq. 5, negated), plus beta times the k3 KL.
 
     loss = mean_i [ -min(s_i A_i, clip(s_i, 1 - eps, 1 + eps_high) A_i) ]
@@ -146,7 +154,11 @@ def gspo_loss(logprobs: Tensor, old_logprobs: Tensor | None, ref_logprobs: Tenso
     token this is :func:`~llmbook.alignment.losses.grpo_loss`; on-policy (s_i = 1) its
     gradient equals GRPO's with ``aggregation="sequence_mean"``. Returns
     ``GRPOLossOutput(loss, kl, clip_fraction)``, the clip fraction over sequences.
+    The loss is per sequence, so ``reduction`` is "mean" (default, the paper's 1/G), "sum"
+    or "none" (the (B,) losses, each with its own beta * token mean of k3), through
+    :func:`~llmbook.alignment.logprobs.reduce_sequences`.
     """
+    reduction = check_reduction(reduction, SEQUENCE_REDUCTIONS)
     log_s = sequence_log_ratio(logprobs, old_logprobs, mask)  # (B,)
     adv = check_finite(check_floating_tensor(advantages, "advantages"), "advantages").detach()
     if tuple(adv.shape) != tuple(log_s.shape):
@@ -156,12 +168,12 @@ def gspo_loss(logprobs: Tensor, old_logprobs: Tensor | None, ref_logprobs: Tenso
     m = _check_mask(mask, logprobs, "mask", "logprobs")
     s = torch.exp(log_s)
     per_sequence = -torch.minimum(s * adv, torch.clamp(s, 1 - low, 1 + high) * adv)
-    loss = per_sequence.mean()
+    loss = per_sequence.mean() if reduction == "mean" else reduce_sequences(per_sequence, reduction)
     kl = None
     if ref_logprobs is not None:
         k3 = kl_estimators(logprobs, _check_like(ref_logprobs, logprobs, "ref_logprobs").detach()).k3
         if beta:
-            loss = loss + beta * masked_mean(k3, m, dim=1).mean()
+            loss = loss + beta * reduce_sequences(masked_mean(k3, m, dim=1), reduction)
         kl = masked_mean(k3, m).detach()
     elif beta:
         raise ValueError(f"ref_logprobs is needed for the KL penalty when beta={beta} > 0")
@@ -199,7 +211,8 @@ def informative_groups(rewards: Tensor, group_size: int) -> Tensor:
 
 
 def dapo_loss(logprobs: Tensor, old_logprobs: Tensor | None, advantages: Tensor, mask: Tensor,
-              clip_eps: float = 0.2, clip_eps_high: float = 0.28, num_tokens: int | None = None) -> Tensor:
+              clip_eps: float = 0.2, clip_eps_high: float = 0.28, num_tokens: int | None = None, *,
+              reduction: str = "token_mean") -> Tensor:
     """DAPO's loss (Yu et al., 2025, eq. 8, negated): token-level, clip-higher, no KL.
 
     loss = -(1 / N_tok) sum_{i,t} m_it min(rho_it A_i, clip(rho_it, 1 - eps, 1 + eps_high) A_i),
@@ -209,9 +222,22 @@ def dapo_loss(logprobs: Tensor, old_logprobs: Tensor | None, advantages: Tensor,
     the batch's count when ``logprobs`` is one micro-batch of it, and the micro-batch losses
     then add up to the batch's (trl 1.16.0 ``loss_type="dapo"``, whose ``num_items_in_batch``
     is this count). ``advantages`` (B,) or (B, T). Returns the scalar loss.
+
+    ``num_tokens`` N_tok makes the token mean a "constant" reduction with normaliser N_tok
+    (:func:`~llmbook.alignment.logprobs.reduce_tokens`). ``reduction`` swaps DAPO's token
+    mean for any other reduction of the same per-token losses ("none" returns them, (B, T));
+    ``num_tokens`` applies to the default "token_mean" only.
     """
+    reduction = check_reduction(reduction, REDUCTIONS)
     logprobs = _check_logprobs(logprobs, "logprobs")
     m = _check_mask(mask, logprobs, "mask", "logprobs")
+    if reduction != "token_mean":
+        if num_tokens is not None:
+            raise ValueError(f"num_tokens applies to reduction='token_mean' only, got reduction={reduction!r}")
+        if reduction == "constant":
+            raise ValueError("reduction='constant' is reduction='token_mean' with num_tokens=C: pass num_tokens")
+        return grpo_loss(logprobs, old_logprobs, None, advantages, mask, clip_eps, 0.0, reduction,
+                         clip_eps_high=clip_eps_high).loss
     if num_tokens is None:
         num_tokens = int(m.sum())
         if num_tokens == 0:

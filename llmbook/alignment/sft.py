@@ -17,10 +17,17 @@ removes its tokens. This module holds:
   mask, so that each example sees only itself and packing changes no log-probability
   (Krell et al., 2021, "Efficient Sequence Packing without Cross-contamination"); two
   strategies: in order (next fit) and best fit decreasing, trl's default;
-* :func:`sft_loss`: the mean negative log-likelihood per response token;
+* :func:`sft_loss`: the mean negative log-likelihood per response token, or any other
+  reduction of the per-token losses (:func:`~llmbook.alignment.logprobs.reduce_tokens`);
+  :func:`sft_loss_from_logprobs`: the same from per-token log-probabilities (B, T) of the
+  targets instead of logits;
 * :func:`sft_step`: one optimiser step on several micro-batches (gradient accumulation)
   whose gradient equals the gradient of the whole batch's per-token mean;
-* :func:`response_values`: per-token values of a packed batch split back into examples.
+* :func:`response_values`: per-token values of a packed batch split back into examples;
+* :func:`stop_model_logprobs`, :func:`stop_model_lengths`, :func:`fit_stop_model`,
+  :func:`fitted_length_distribution`: the smallest model of a response's length (stop or
+  continue at each position), to show what each reduction of the loss does to the lengths
+  SFT teaches (section 17.8): a per-sequence mean fits q(L) proportional to p(L) / L.
 
 Conventions. An example of prompt length P and response length R occupies L = P + R
 positions: ``ids`` hold the example itself, ``targets[t]`` the token at t + 1 of the *same*
@@ -37,13 +44,15 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from llmbook.alignment.logprobs import (
     _check_mask,
     _check_prompt_response,
-    masked_sum,
+    check_reduction,
+    reduce_tokens,
     token_logprobs,
 )
 from llmbook.validation import check_floating_tensor as _check_floating
@@ -54,10 +63,15 @@ __all__ = [
     "SFTBatch",
     "SFTStepOutput",
     "pack_examples",
+    "fit_stop_model",
+    "fitted_length_distribution",
     "response_values",
     "sft_batch",
     "sft_loss",
+    "sft_loss_from_logprobs",
     "sft_step",
+    "stop_model_lengths",
+    "stop_model_logprobs",
 ]
 
 PACKING_STRATEGIES = ("in_order", "best_fit_decreasing")
@@ -259,7 +273,8 @@ def response_values(values: Tensor, batch: SFTBatch) -> list[Tensor]:
 
 
 def sft_loss(logits: Tensor, targets: Tensor, loss_mask: Tensor,
-             num_tokens: int | float | Tensor | None = None) -> Tensor:
+             num_tokens: int | float | Tensor | None = None, *, reduction: str = "token_mean",
+             normaliser: float | None = None) -> Tensor:
     """The SFT loss: -sum over response tokens of log p(target) / number of response tokens.
 
     ``logits`` (B, T, V), ``targets`` (B, T) token ids, ``loss_mask`` (B, T) (boolean or 0/1,
@@ -271,26 +286,63 @@ def sft_loss(logits: Tensor, targets: Tensor, loss_mask: Tensor,
     sequences, would weight the tokens of short responses more.)
 
     ``num_tokens`` replaces the divisor: gradient accumulation (:func:`sft_step`) divides each
-    micro-batch's sum by the number of response tokens of the *whole* batch.
+    micro-batch's sum by the number of response tokens of the *whole* batch (the same as
+    ``reduction="constant", normaliser=num_tokens``).
+
+    ``reduction`` chooses how the per-token losses -log p(target) are combined, as in
+    :func:`~llmbook.alignment.logprobs.reduce_tokens`: "token_mean" (default, above), "sum",
+    "sequence_mean" (the per-sequence mean just described, which up-weights short
+    responses), "constant" (divide by ``normaliser``), or "none" (the per-token losses,
+    (B, T), 0 off the mask). An all-false ``loss_mask`` is a ``ValueError`` under the means
+    and gives 0 under "sum" and "constant". :func:`sft_loss_from_logprobs` is this loss from
+    the per-token log-probabilities instead of the logits.
     """
     _check_floating(logits, "logits")
     check_token_ids(targets, "targets")
     if logits.ndim != 3 or tuple(targets.shape) != tuple(logits.shape[:2]):
         raise ValueError(f"logits must be (B, T, V) and targets (B, T) with the same B, T; got "
                          f"{tuple(logits.shape)} and {tuple(targets.shape)}")
-    mask = _check_mask(loss_mask, targets, "loss_mask", "targets")
-    if num_tokens is None:
-        count = mask.sum()
-        if float(count) == 0:
-            raise ValueError("loss_mask has no response tokens: the SFT loss (a mean over them) "
-                             "is undefined")
-        divisor = count.to(logits.dtype)
-    else:
+    _check_mask(loss_mask, targets, "loss_mask", "targets")
+    check_reduction(reduction)
+    logp = token_logprobs(logits, targets)  # (B, T)
+    return sft_loss_from_logprobs(logp, loss_mask, num_tokens, reduction=reduction, normaliser=normaliser)
+
+
+def sft_loss_from_logprobs(logprobs: Tensor, loss_mask: Tensor,
+                           num_tokens: int | float | Tensor | None = None, *,
+                           reduction: str = "token_mean", normaliser: float | None = None) -> Tensor:
+    """The SFT loss from per-token log-probabilities of the targets: (B, T), (B, T) -> loss.
+
+    ``logprobs[b, t]`` = log p(targets[b, t] | ...), e.g. from
+    :func:`~llmbook.alignment.logprobs.token_logprobs` or a production model's gathered
+    log-softmax; ``loss_mask`` (B, T) (boolean or 0/1, exactly that shape) True at the
+    response tokens. Returns :func:`sft_loss` (same ``num_tokens``, ``reduction`` and
+    ``normaliser``): the reduction of the per-token losses -logprobs. Masked-out positions
+    may hold anything, NaN included; the masked ones must be log-probabilities (<= 0 or
+    -inf, not NaN). Gradients flow to ``logprobs``.
+    """
+    _check_floating(logprobs, "logprobs")
+    if logprobs.ndim != 2:
+        raise ValueError(f"logprobs must be (B, T), got shape {tuple(logprobs.shape)}")
+    mask = _check_mask(loss_mask, logprobs, "loss_mask", "logprobs")
+    reduction = check_reduction(reduction)
+    kept = logprobs.detach()[mask > 0]
+    if bool((torch.isnan(kept) | (kept > 0)).any()):
+        bad = kept[torch.isnan(kept) | (kept > 0)][0].item()
+        raise ValueError(f"logprobs must hold log-probabilities (<= 0, not NaN) at the masked "
+                         f"positions, found {bad}")
+    if num_tokens is not None:
+        if reduction != "token_mean" or normaliser is not None:
+            raise ValueError("num_tokens is reduction='constant' with normaliser=num_tokens: pass "
+                             f"one or the other, got reduction={reduction!r}, normaliser={normaliser!r}")
         divisor = float(num_tokens)
         if not divisor > 0 or divisor == float("inf"):
             raise ValueError(f"num_tokens must be a positive finite number, got {num_tokens}")
-    logp = token_logprobs(logits, targets)  # (B, T)
-    return -masked_sum(logp, mask) / divisor
+        reduction, normaliser = "constant", divisor
+    elif reduction == "token_mean" and float(mask.sum()) == 0:
+        raise ValueError("loss_mask has no response tokens: the SFT loss (a mean over them) "
+                         "is undefined")
+    return reduce_tokens(-logprobs, mask, reduction, normaliser)
 
 
 def _forward(model: nn.Module, batch: SFTBatch) -> Tensor:
@@ -356,3 +408,108 @@ def sft_step(model: nn.Module, optimizer: Optimizer | None, micro_batches: Seque
     if optimizer is not None:
         optimizer.step()
     return SFTStepOutput(loss, total, norm)
+
+
+# ---------------------------------------------------------------- what a reduction does to lengths
+
+
+def _check_stop_logits(stop_logits: object) -> Tensor:
+    _check_floating(stop_logits, "stop_logits")
+    if stop_logits.ndim != 1 or stop_logits.numel() < 1:
+        raise ValueError(f"stop_logits must be 1-d (T - 1,) with T >= 2, got shape {tuple(stop_logits.shape)}")
+    return stop_logits
+
+
+def _check_lengths(lengths: object, T: int, bound: str) -> Tensor:
+    """Response lengths (B,), B >= 1, integers in [1, T]."""
+    check_token_ids(lengths, "lengths", ndim=1)
+    if lengths.numel() == 0 or bool((lengths < 1).any()) or bool((lengths > T).any()):
+        raise ValueError(f"lengths must be a non-empty (B,) tensor of ints in [1, {bound}={T}], got "
+                         f"{lengths.tolist()}")
+    return lengths.long()
+
+
+def stop_model_logprobs(stop_logits: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-token log-probabilities of responses of the given lengths under a stop model.
+
+    The model decides only when to stop: at position t = 1, ..., T - 1 it stops with
+    probability h_t = sigma(``stop_logits[t - 1]``) and at t = T it always stops. A response of
+    L tokens is L - 1 "continue" decisions and one "stop": its per-token log-probabilities
+    are log(1 - h_t) for t < L and log h_L at t = L (0 at t = T), so that
+    sum_t logprobs = log q(L), q the model's length distribution (:func:`stop_model_lengths`).
+    ``stop_logits`` (T - 1,), ``lengths`` (B,) integers in [1, T]. Returns
+    ``(logprobs, mask)``, both (B, T); mask True at t <= L_b. Differentiable in
+    ``stop_logits``.
+    """
+    stop_logits = _check_stop_logits(stop_logits)
+    T = stop_logits.numel() + 1
+    L = _check_lengths(lengths, T, "T")[:, None]  # (B, 1)
+    zero = stop_logits.new_zeros(1)
+    log_stop = torch.cat([F.logsigmoid(stop_logits), zero])  # (T,): log h_t, h_T = 1
+    log_go = torch.cat([F.logsigmoid(-stop_logits), zero])  # (T,): log(1 - h_t); unused at T
+    t = torch.arange(1, T + 1)  # (T,)
+    logprobs = torch.where(t == L, log_stop, torch.where(t < L, log_go, torch.zeros_like(log_go)))
+    return logprobs, t <= L  # (B, T), (B, T)
+
+
+def stop_model_lengths(stop_logits: Tensor) -> Tensor:
+    """The stop model's length distribution q(L), L = 1, ..., T: (T - 1,) -> (T,).
+
+    q(L) = h_L prod_{t < L} (1 - h_t), with h_T = 1; it sums to 1.
+    """
+    stop_logits = _check_stop_logits(stop_logits)
+    T = stop_logits.numel() + 1
+    logprobs, mask = stop_model_logprobs(stop_logits, torch.arange(1, T + 1))
+    return torch.exp((logprobs * mask).sum(dim=1))  # (T,)
+
+
+def fit_stop_model(lengths: Tensor, max_length: int, reduction: str = "token_mean",
+                   steps: int = 50) -> Tensor:
+    """Fit the stop model to observed ``lengths`` (B,) by minimising the SFT loss: (T - 1,).
+
+    The loss is :func:`sft_loss_from_logprobs` of :func:`stop_model_logprobs` under
+    ``reduction`` ("sum", "token_mean", "sequence_mean"; "constant" and "sum" have the same
+    minimiser as the token mean), minimised in float64 by L-BFGS (``steps`` iterations, with
+    a strong Wolfe line search) from stop logits 0. Returns the fitted stop logits; their
+    length distribution is :func:`stop_model_lengths`. A length that never occurs sends
+    its stop logit towards -inf, so give every length 1, ..., T - 1 at least one example
+    for a finite optimum.
+    """
+    T = check_positive_int("max_length", max_length)
+    if T < 2:
+        raise ValueError(f"max_length must be at least 2, got max_length={T}")
+    reduction = check_reduction(reduction, ("sum", "token_mean", "sequence_mean"))
+    steps = check_positive_int("steps", steps)
+    theta = torch.zeros(T - 1, dtype=torch.float64, requires_grad=True)
+    stop_model_logprobs(theta.detach(), lengths)  # validate once, before the optimiser runs
+    opt = torch.optim.LBFGS([theta], lr=1.0, max_iter=steps, tolerance_grad=1e-12,
+                            tolerance_change=1e-15, line_search_fn="strong_wolfe")
+
+    def closure() -> Tensor:
+        opt.zero_grad()
+        logprobs, mask = stop_model_logprobs(theta, lengths)
+        loss = sft_loss_from_logprobs(logprobs, mask, reduction=reduction)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return theta.detach()
+
+
+def fitted_length_distribution(lengths: Tensor, max_length: int, reduction: str = "token_mean") -> Tensor:
+    """Where :func:`fit_stop_model` should land, in closed form: q(L), L = 1, ..., T, float64.
+
+    A model free to fit any length distribution, trained on responses whose lengths have
+    the empirical distribution p(L), minimises -sum_b w_b log q(L_b) with w_b the weight
+    the reduction gives sequence b's log-likelihood: the same for every sequence under
+    "sum" and "token_mean" (so q = p, maximum likelihood), 1 / L_b under "sequence_mean"
+    (every token weighs 1 / (B L_b)). The minimiser is q(L) = p(L) w(L) / sum_L' p(L') w(L')
+    (a Lagrange multiplier for sum q = 1), so the per-sequence mean fits q(L) proportional
+    to p(L) / L, whose mean is the harmonic mean of the observed lengths.
+    """
+    T = check_positive_int("max_length", max_length)
+    reduction = check_reduction(reduction, ("sum", "token_mean", "sequence_mean"))
+    counts = torch.bincount(_check_lengths(lengths, T, "max_length") - 1, minlength=T).double()  # (T,)
+    if reduction == "sequence_mean":
+        counts = counts / torch.arange(1, T + 1, dtype=torch.float64)
+    return counts / counts.sum()
