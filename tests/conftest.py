@@ -41,3 +41,16 @@ def trl():
     if trl.__version__ != "1.16.0":
         pytest.skip(f"peer tests read trl 1.16.0's trainer internals, found trl {trl.__version__}")
     return trl
+
+
+@pytest.fixture(scope="session")
+def smollm2_peer():
+    """transformers' own load of the real model, ``(LlamaForCausalLM, tokenizer)``, made once
+    per test process (about 15 s): the independent peer of the book's GGUF reader.
+
+    Shared by every test file that compares with it, so a test must not change it: one that
+    wraps it (peft's ``get_peft_model`` edits the model in place) takes a ``copy.deepcopy``.
+    """
+    from llmbook.inference.gguf import transformers_peer
+
+    return transformers_peer()

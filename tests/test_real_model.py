@@ -26,7 +26,6 @@ from llmbook.inference.gguf import (
     smollm2_path,
     state_dict_from_gguf,
     tensor_types,
-    transformers_peer,
 )
 from llmbook.inference.sampling import generate
 from llmbook.transformer.model import TransformerLM
@@ -45,8 +44,8 @@ def book():
 
 
 @pytest.fixture(scope="module")
-def peer():
-    return transformers_peer()
+def peer(smollm2_peer):
+    return smollm2_peer  # conftest.py: one load per test process
 
 
 def test_the_file_is_the_pinned_one():
