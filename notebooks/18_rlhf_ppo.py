@@ -96,7 +96,7 @@ f64 = torch.float64
 # The KL term keeps the policy where the reward can be trusted: a learned reward is only a
 # proxy, and pushing it far from the data it was fitted on finds its flaws (Gao et al.,
 # 2023, "Scaling Laws for Reward Model Overoptimization"). Section 18.7 shows what happens
-# without enough of it.
+# without enough of it, and chapter 18b measures the flaws of chapter 17's learned reward.
 #
 # Because $\log \pi(y|x) = \sum_t \log \pi(y_t \mid s_t)$ with the *state*
 # $s_t = (x, y_{<t})$, the KL of whole responses is the expected sum of per-token log-ratios,
@@ -864,9 +864,12 @@ checks
 # (about 45 times less likely, token by token). The main policy's responses are nearly as
 # varied as the reference's (0.78 distinct tokens against 0.88) and almost as likely under it;
 # it earns its reward by packing keywords into otherwise docstring-like text. The KL coefficient is the one knob between the two: a larger $\beta$
-# trusts the reward less. With a *learned* reward model (chapter 17) the degenerate text would
-# not even score well under the true reward: that is the over-optimisation Gao et al. (2023)
-# measure, and why RLHF runs watch the KL as closely as the reward.
+# trusts the reward less. Here the reward is the true one, so reward hacking costs only
+# fluency. With a *learned* reward model as the proxy, pushing further also loses true
+# reward: chapter 18b runs best-of-n, PPO and GRPO against chapter 17's reward model and
+# finds the true reward of the GRPO run peaking and then falling while the proxy still
+# climbs, the over-optimisation that Gao et al. (2023) measure, and why RLHF runs watch the
+# KL as closely as the reward.
 #
 # ## Summary
 #
