@@ -300,6 +300,10 @@ CITATIONS: dict[str, str] = {
     "Hayou, Ghosh & Yu 2024": "hayou2024", "Hayou et al. 2024": "hayou2024",
     "Kalajdzievski 2023": "kalajdzievski2023", "Liu et al. 2024": "liu2024dora",
     "Cobbe et al. 2021": "cobbe2021", "Zheng et al. 2025": "zheng2025",
+    "Stiennon et al. 2020": "stiennon2020", "Nakano et al. 2021": "nakano2021",
+    "Beirami et al. 2024": "beirami2024",
+    "Bai et al. 2022": "bai2022constitutional", "Lee et al. 2023": "lee2023rlaif",
+    "Zheng et al. 2023": "zheng2023judge",
 }
 
 #: (chapter, name as in :data:`CITATIONS`) -> key, for names two papers share: LLaMA and
