@@ -20,9 +20,12 @@
 #    the drop fraction against simulation and against the layer itself;
 # 4. **explores** an MoE language model against a dense one with the same *active*
 #    parameters on the book's text (shipped training curves), the expert load during
-#    training with and without balancing, and the all-to-all traffic of expert parallelism.
+#    training with and without balancing, and the all-to-all traffic of expert parallelism;
+# 5. **derives** why a top-1 gate renormalised over its one expert gives the router no
+#    gradient from the language-model loss, and shows it with autograd on the trained model.
 
 # %%
+import copy
 import math
 
 import matplotlib.pyplot as plt
@@ -48,6 +51,8 @@ from llmbook.scale.moe import (
     expert_capacity,
     expert_load_fractions,
     from_hf_moe_block,
+    gate_jacobian_symbolic,
+    lm_router_gradients,
     load_balancing_loss,
     route,
     router_z_loss,
@@ -674,6 +679,78 @@ print(f"forward FLOPs per byte sent: {active_flops / (32 * per_token_layer * 7 /
 # usually kept inside a node, and why DeepSeek-V3 limits each token to experts on at most 4
 # nodes (its section 2.1.2). Chapter 22 models such communication costs.
 #
+# ## 21.9 When the router learns nothing: the renormalised top-1 gate
+#
+# The router's weights $W_r$ reach the layer's output $y = \sum_{i\in S} g_i E_i(x)$ in two
+# ways: through the selection $S$ and through the gate values $g_i$. The selection is a top-$k$,
+# piecewise constant in the logits $z = W_r x$: its derivative is zero almost everywhere, and
+# autograd does not differentiate through `topk`'s indices at all. So every gradient the
+# language-model loss sends to the router goes through $\partial g/\partial z$. With one expert
+# and gates renormalised over the chosen experts (the `normalize=True` of `route`, which is
+# Mixtral's rule), $g_1 = s_1/s_1 = 1$ for every $z$: the Jacobian is zero, and
+# $\partial\mathcal L/\partial W_r = \sum_{\text{tokens}} (\partial\mathcal L/\partial y)
+# \,E_1(x)\,(\partial g_1/\partial z)\,x^\top = 0$. The router still picks an expert, but the
+# loss never tells it whether the pick was good. SymPy computes the Jacobian $\partial g/\partial z$
+# for $N = 4$ experts, the selected ones taken as the first $k$:
+
+# %%
+show_source(gate_jacobian_symbolic)
+
+# %%
+jacobians = {"top-1, renormalised": gate_jacobian_symbolic(4, 1),
+             "top-1, sigmoid, renormalised": gate_jacobian_symbolic(4, 1, "sigmoid"),
+             "top-1, softmax over all N (Switch)": gate_jacobian_symbolic(4, 1, normalize=False),
+             "top-2, renormalised": gate_jacobian_symbolic(4, 2)}
+for name, jac in jacobians.items():
+    print(f"{name:35s} zero: {jac == sp.zeros(*jac.shape)!s:5s}  dg_1/dz_1 = {sp.simplify(jac[0, 0])}")
+
+# %% [markdown]
+# Renormalising a single score, softmax or sigmoid, leaves nothing to differentiate. The
+# Switch Transformer routes to one expert but keeps $g = p_i$, the softmax over *all* $N$
+# logits (Fedus et al., 2021): then $\partial g/\partial z_j = p_i(\delta_{ij} - p_j)$, and a
+# useful expert's output pulls its logit up and the others down. With $k = 2$ renormalised
+# (Mixtral), the two gates are a two-way softmax of the chosen logits, so they learn which of
+# the two should weigh more, though nothing reaches the $N - k$ experts left out.
+#
+# **Autograd agrees, on the trained model.** Section 21.7's MoE model (top-2, renormalised) is
+# run on held-out text in float64, and the gradient of its language-model loss alone, no
+# auxiliary loss, is taken with respect to both routers: as trained; switched to top-1 with
+# renormalisation; to top-1 with Switch's unrenormalised gate; and top-1 renormalised once more
+# with the Switch loss at $\alpha = 0.01$ and the z-loss at $10^{-3}$ added, as in training. No
+# weight changes; only the gate rule does.
+
+# %%
+show_source(lm_router_gradients)
+
+# %%
+probe = copy.deepcopy(moe_model).double()  # the shipped model stays as it is
+gate_rules = {"top-2, renormalised (as trained)": (2, True, 0.0, 0.0), "top-1, renormalised": (1, True, 0.0, 0.0),
+              "top-1, Switch gate (softmax over N)": (1, False, 0.0, 0.0),
+              "top-1, renormalised + Switch and z-losses": (1, True, 0.01, 1e-3)}
+measured = {name: [float(gr.abs().max()) for gr in lm_router_gradients(probe, held_out[:8], *rule)]
+            for name, rule in gate_rules.items()}
+for name, per_layer in measured.items():
+    print(f"{name:42s} max |dL/dW_r| per layer: " + ", ".join(f"{v:.1e}" if v > 1e-12 else "< 1e-12" for v in per_layer))
+checks = Checks("router gradient: SymPy's Jacobian against autograd on the trained model (float64)")
+checks.true("SymPy: renormalised top-1 Jacobian is zero", jacobians["top-1, renormalised"] == sp.zeros(1, 4))
+checks.true("autograd: renormalised top-1, LM loss only: every router gradient < 1e-12",
+            max(measured["top-1, renormalised"]) < 1e-12)
+for name in ("top-2, renormalised (as trained)", "top-1, Switch gate (softmax over N)",
+             "top-1, renormalised + Switch and z-losses"):
+    checks.true(f"autograd: {name}: every router gradient > 1e-4", min(measured[name]) > 1e-4,
+                got=min(measured[name]))
+checks
+
+# %% [markdown]
+# The auxiliary losses do give the renormalised top-1 router a gradient, but not the one it
+# needs: the Switch loss only asks for balance, whatever the experts are good at, and the
+# z-loss only asks for small logits. A router trained that way spreads tokens evenly and
+# arbitrarily. Hence the rules in use: Switch keeps the unrenormalised top-1 gate; Mixtral and
+# DeepSeek-V3 route each token to several experts ($k = 2$ and $k = 8$) before renormalising;
+# Qwen2-MoE does not renormalise at all (`norm_topk_prob=False`). A model configured with
+# `normalize=True` and `top_k=1` trains its experts, but its router only ever learns from
+# whatever auxiliary loss it is given.
+#
 # ## Summary
 #
 # * The router's top-$k$ gate is the softmax of the selected logits; only $k$ of $N$ experts
@@ -693,6 +770,10 @@ print(f"forward FLOPs per byte sent: {active_flops / (32 * per_token_layer * 7 /
 #   loss for balance, and at $\alpha = 0.01$ this small model ends worse than the dense one.
 # * Expert parallelism moves $2nkd\,b$ bytes per layer and pass: about 1 MiB per token for
 #   Mixtral 8x7B.
+# * A top-1 gate renormalised over its one expert is identically 1, so the language-model loss
+#   sends the router no gradient (SymPy's Jacobian and autograd on the trained model agree);
+#   the auxiliary losses give it one, towards balance only. Switch's softmax-over-$N$ gate and
+#   $k \ge 2$ avoid the problem.
 #
 # ## Exercises
 #

@@ -137,3 +137,87 @@ def test_cluster_presets() -> None:
     assert cm.a100_cluster(8).peak_flops == 312e12
     assert cm.h100_cluster(8).peak_flops == 989e12
     assert cm.tpu_v4_cluster(4).memory_bytes == 32 * 2**30
+
+
+# ---------------------------------------------------------------- issue 25: all-to-all, overlap, OPT
+
+
+def test_alltoall_symbolic_by_counting_blocks() -> None:
+    p, n, alpha, beta = sp.symbols("p n alpha beta", positive=True)
+    cost = cm.alltoall_cost_symbolic()
+    # independent count: every rank keeps 1 of its p blocks and sends the other p - 1, one message each
+    assert sp.simplify(cost["time"] - ((p - 1) * alpha + (p - 1) * (n / p) * beta)) == 0
+    assert sp.simplify(cost["bytes_per_rank"] - (n - n / p)) == 0
+    # half of the ring all-reduce's bandwidth term
+    assert sp.simplify(cost["bytes_per_rank"] * 2 - 2 * (p - 1) / p * n) == 0
+
+
+def test_alltoall_time_worked_example_and_bad_input() -> None:
+    assert cm.alltoall_time(120.0, 4, 10.0, 0.5) == pytest.approx(3 * 0.5 + 0.75 * 120 / 10)
+    assert cm.alltoall_time(120.0, 1, 10.0, 0.5) == 0.0
+    sym = cm.alltoall_cost_symbolic()["time"]
+    p, n, alpha, beta = sp.symbols("p n alpha beta", positive=True)
+    assert float(sym.subs({p: 3, n: 90, alpha: 0.25, beta: 0.5})) == pytest.approx(cm.alltoall_time(90, 3, 2.0, 0.25))
+    with pytest.raises(ValueError, match="ranks"):
+        cm.alltoall_time(1.0, 0, 1.0, 0.0)
+    with pytest.raises(ValueError, match="bandwidth"):
+        cm.alltoall_time(1.0, 2, 0.0, 0.0)
+
+
+def test_expert_parallel_time_counts_four_alltoalls_of_chapter_21_bytes() -> None:
+    from llmbook.scale.moe import all_to_all_bytes
+
+    cluster = cm.Cluster("c", 16, 1e12, 1e9, 100.0, 10.0, gpus_per_node=8, latency=0.0)
+    # 8 ranks (one node): bytes that cross = chapter 21's 2nkdb (ep - 1)/ep per pass, x2 with backward
+    t = cm.expert_parallel_time(5, 3, 2, 8, cluster, top_k=2, bytes_per_value=2)
+    crossing = 2 * all_to_all_bytes(5, 3, 2, 2, ep_size=8)  # forward + backward, one layer
+    assert t == pytest.approx(2 * crossing / 100.0)
+    # 16 ranks leave the node: inter-node bandwidth; capacity factor scales the buffers
+    t16 = cm.expert_parallel_time(5, 3, 1, 16, cluster, capacity_factor=1.25)
+    assert t16 == pytest.approx(4 * (15 / 16) * 1.25 * 5 * 3 * 2 / 10.0)
+    assert cm.expert_parallel_time(5, 3, 1, 1, cluster) == 0.0
+    with pytest.raises(TypeError, match="cluster"):
+        cm.expert_parallel_time(5, 3, 1, 2, "c")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="capacity_factor"):
+        cm.expert_parallel_time(5, 3, 1, 2, cluster, capacity_factor=0.0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 64), st.floats(0.0, 1e9), st.floats(1.0, 1e12), st.floats(0.0, 1e-3))
+def test_alltoall_at_most_half_allreduce_bandwidth(k: int, n: float, bw: float, lat: float) -> None:
+    a2a = cm.alltoall_time(n, k, bw, lat)
+    ar = cm.allreduce_time(n, k, bw, lat)
+    assert a2a <= ar / 2 + 1e-12 * (1 + ar)
+
+
+def test_overlap_sensitivity_flips_the_layout_and_ranges() -> None:
+    model = cm.ModelSpec("145.6B", 80, 12288, 96, 2048, 51200)
+    eff = cm.Efficiency(compute=0.54)
+    sweep = cm.overlap_sensitivity(model, cm.a100_cluster(1024), 2048, (0.0, 1.0), eff)
+    assert [o for o, _, _ in sweep] == [0.0, 1.0]
+    for o, lay, pred in sweep:  # each entry is best_layout at that overlap
+        assert (lay, pred) == cm.best_layout(model, cm.a100_cluster(1024), 2048, replace(eff, dp_overlap=o))
+    (_, hidden_none, p0), (_, hidden_all, p1) = sweep
+    assert hidden_none != hidden_all  # the guessed overlap changes the chosen layout
+    assert hidden_all.dp > hidden_none.dp  # free data-parallel traffic favours more data parallelism
+    ranges = cm.layout_ranges(sweep)
+    assert ranges["dp"] == (hidden_none.dp, hidden_all.dp)
+    assert ranges["mfu"] == (p0["mfu"], p1["mfu"]) and ranges["distinct"] == (2,)
+    with pytest.raises(ValueError, match="overlaps"):
+        cm.overlap_sensitivity(model, cm.a100_cluster(1024), 2048, ())
+    with pytest.raises(ValueError, match="no layout fits"):
+        cm.layout_ranges([(0.5, None, None)])
+
+
+def test_opt_row_is_scored_against_147_tflops_counting_recomputation() -> None:
+    opt = next(r for r in cm.PUBLISHED_RUNS if r.name == "OPT-175B")
+    assert opt.reported_tflops == 147.0 and opt.hardware and opt.layout.recompute == "full"
+    assert opt.model.vocab_size == 50272 and opt.layout.n_gpus == opt.cluster.n_gpus == 992
+    cal = cm.PUBLISHED_RUNS[0]
+    e = cm.calibrate_compute_efficiency(cal.model, cal.cluster, cal.layout, cal.reported_tflops, cal.hardware)
+    pred = cm.predict(opt.model, opt.cluster, opt.layout, cm.Efficiency(compute=e))
+    # hardware FLOPs = model FLOPs x (8N + 16Lhs)/(6N + 12Lhs) under full recomputation
+    n, L, h, s = opt.model.params, 96, 12288, 2048
+    ratio = (8 * n + 16 * L * h * s) / (6 * n + 12 * L * h * s)
+    assert pred["hardware_tflops_per_gpu"] == pytest.approx(pred["model_tflops_per_gpu"] * ratio)
+    assert 0.85 < pred["hardware_tflops_per_gpu"] / 147.0 < 0.95

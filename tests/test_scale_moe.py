@@ -23,8 +23,11 @@ from llmbook.scale.moe import (
     expert_capacity,
     expert_load_fractions,
     from_hf_moe_block,
+    gate_jacobian_symbolic,
+    lm_router_gradients,
     load_balancing_loss,
     route,
+    router_gradient,
     router_z_loss,
     update_expert_bias,
 )
@@ -370,3 +373,133 @@ def test_deepseek_v3_block_peer_with_bias():
 def test_from_hf_moe_block_rejects_unknown_blocks():
     with pytest.raises(TypeError, match="does not know Linear"):
         from_hf_moe_block(torch.nn.Linear(2, 2), None)
+
+
+# ---------------------------------------------------------------- the router's gradient (issue 25)
+
+
+def test_gate_jacobian_symbolic_top1_renormalised_is_zero():
+    import sympy as sp
+
+    assert gate_jacobian_symbolic(3, 1) == sp.zeros(1, 3)
+    assert gate_jacobian_symbolic(4, 1, "sigmoid") == sp.zeros(1, 4)
+    z = sp.symbols("z0:3", real=True)
+    # without renormalisation: the softmax's own derivative s_0 (delta_0j - s_j), written out here
+    s = [sp.exp(v) / sum(sp.exp(w) for w in z) for v in z]
+    expected = sp.Matrix([[s[0] * ((1 if j == 0 else 0) - s[j]) for j in range(3)]])
+    assert sp.simplify(gate_jacobian_symbolic(3, 1, normalize=False) - expected) == sp.zeros(1, 3)
+    # top-2 renormalised: a two-way softmax of z0, z1; nothing reaches the unselected z2
+    jac = gate_jacobian_symbolic(3, 2)
+    assert jac[:, 2] == sp.zeros(2, 1) and jac[0, 0] != 0
+    at = {z[0]: 0.7, z[1]: -0.4, z[2]: 2.0}
+    sig = 1 / (1 + math.exp(-(0.7 + 0.4)))  # sigma(z0 - z1) and its derivative sigma (1 - sigma)
+    assert float(jac[0, 0].subs(at)) == pytest.approx(sig * (1 - sig), rel=1e-12)
+    with pytest.raises(ValueError, match="score"):
+        gate_jacobian_symbolic(3, 1, "relu")
+    with pytest.raises(TypeError, match="normalize"):
+        gate_jacobian_symbolic(3, 1, normalize=1)
+
+
+@pytest.mark.parametrize("k, normalize, score, zero", [(1, True, "softmax", True), (1, True, "sigmoid", True),
+                                                       (1, False, "softmax", False), (2, True, "softmax", False),
+                                                       (1, False, "sigmoid", False)])
+def test_router_gradient_zero_exactly_for_renormalised_top1(k, normalize, score, zero):
+    torch.manual_seed(0)
+    layer = MoELayer(6, 5, 4, k, normalize=normalize, score=score, dtype=f64)
+    x = torch.randn(3, 7, 6, generator=gen(2), dtype=f64)
+    go = torch.randn(3, 7, 6, generator=gen(3), dtype=f64)
+    grad = router_gradient(layer, x, go)
+    assert grad.shape == (4, 6)
+    if zero:
+        assert grad.abs().max() < 1e-15
+    else:
+        assert grad.abs().max() > 1e-3
+        # independent: central differences of <y, go> in one router weight
+        w = layer.router.weight
+        with torch.no_grad():
+            w[1, 2] += 1e-6
+            up = (layer(x) * go).sum()
+            w[1, 2] -= 2e-6
+            down = (layer(x) * go).sum()
+            w[1, 2] += 1e-6
+        assert float(grad[1, 2]) == pytest.approx(float(up - down) / 2e-6, abs=1e-7)
+
+
+def test_router_gradient_from_the_balancing_loss_is_not_zero():
+    layer = MoELayer(6, 5, 4, 1, dtype=f64)
+    x = torch.randn(20, 6, generator=gen(4), dtype=f64)
+    layer(x)
+    (aux,) = torch.autograd.grad(load_balancing_loss(layer.router_logits, 1), layer.router.weight)
+    assert aux.abs().max() > 1e-3
+
+
+def test_router_gradient_mixtral_top1_peer_is_zero_too():
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    cfg = MixtralConfig(hidden_size=12, intermediate_size=20, num_local_experts=5, num_experts_per_tok=1)
+    hf = randomize(MixtralSparseMoeBlock(cfg), 5)
+    x = torch.randn(2, 6, 12, generator=gen(6), dtype=f64)
+    go = torch.randn(2, 6, 12, generator=gen(7), dtype=f64)
+    y = hf(x)
+    y = y[0] if isinstance(y, tuple) else y
+    (peer,) = torch.autograd.grad(y, hf.gate.weight, go, allow_unused=True, materialize_grads=True)
+    ours = router_gradient(from_hf_moe_block(hf, cfg), x, go)
+    assert peer.abs().max() < 1e-6 and ours.abs().max() < 1e-15
+
+
+def test_router_gradient_bad_inputs():
+    layer = MoELayer(6, 5, 4, 1, dtype=f64)
+    x = torch.randn(3, 6, dtype=f64)
+    with pytest.raises(TypeError, match="layer"):
+        router_gradient(torch.nn.Linear(6, 6), x, x)
+    with pytest.raises(ValueError, match="grad_output"):
+        router_gradient(layer, x, torch.randn(2, 6, dtype=f64))
+
+
+def _tiny_moe_lm():
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Embedding(11, 6, dtype=f64), MoELayer(6, 5, 4, 2, dtype=f64),
+                               MoELayer(6, 3, 4, 2, dtype=f64), torch.nn.Linear(6, 11, dtype=f64))
+
+
+def test_lm_router_gradients_gate_rules_and_restores_the_layers():
+    model = _tiny_moe_lm()
+    ids = torch.randint(0, 11, (3, 9), generator=gen(8))
+    top1 = lm_router_gradients(model, ids, 1, True)
+    assert len(top1) == 2 and all(g.shape == (4, 6) for g in top1)
+    assert max(float(g.abs().max()) for g in top1) < 1e-15
+    for rule in ((2, True), (1, False)):
+        assert min(float(g.abs().max()) for g in lm_router_gradients(model, ids, *rule)) > 1e-7
+    with_aux = lm_router_gradients(model, ids, 1, True, balance_alpha=0.01, z_loss=1e-3)
+    assert min(float(g.abs().max()) for g in with_aux) > 1e-6
+    # the auxiliary part alone, computed by hand from the layers' logits, equals the difference
+    layers = [model[1], model[2]]
+    for m in layers:
+        m.top_k = 1
+    model(ids[:, :-1])
+    aux = sum(load_balancing_loss(m.router_logits, 1, 0.01) + 1e-3 * router_z_loss(m.router_logits) for m in layers)
+    by_hand = torch.autograd.grad(aux, [m.router.weight for m in layers])
+    for m in layers:
+        m.top_k = 2
+    for a, b in zip(with_aux, by_hand, strict=True):
+        assert torch.allclose(a, b, atol=1e-14)
+    assert [(m.top_k, m.normalize) for m in layers] == [(2, True), (2, True)]  # restored
+
+
+def test_lm_router_gradients_bad_inputs():
+    model = _tiny_moe_lm()
+    ids = torch.randint(0, 11, (2, 5), generator=gen(9))
+    with pytest.raises(TypeError, match="model"):
+        lm_router_gradients("m", ids, 1, True)
+    with pytest.raises(ValueError, match="no MoELayer"):
+        lm_router_gradients(torch.nn.Linear(2, 2), ids, 1, True)
+    with pytest.raises(ValueError, match="ids"):
+        lm_router_gradients(model, ids[:, :1], 1, True)
+    with pytest.raises(TypeError, match="normalize"):
+        lm_router_gradients(model, ids, 1, 1)
+    with pytest.raises(ValueError, match="balance_alpha"):
+        lm_router_gradients(model, ids, 1, True, balance_alpha=-1.0)
+    with pytest.raises(ValueError):
+        lm_router_gradients(model, ids, 5, True)
+    assert [(m.top_k, m.normalize) for m in (model[1], model[2])] == [(2, True), (2, True)]

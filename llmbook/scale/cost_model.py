@@ -22,7 +22,14 @@ d, micro-batch, recomputation, ZeRO stage), :func:`predict` estimates
 It is a model with knobs: :class:`Efficiency` holds the fraction of peak the matrix products
 reach and how much data-parallel communication hides behind the backward pass. The chapter
 calibrates the first on one published run (:func:`calibrate_compute_efficiency`) and checks
-the prediction on the others (:data:`PUBLISHED_RUNS`).
+the prediction on the others (:data:`PUBLISHED_RUNS`); the second is a guess, so
+:func:`overlap_sensitivity` re-runs the layout search over a range of it and
+:func:`layout_ranges` reports each degree of parallelism as the range the guess allows.
+
+Expert parallelism's traffic is all-to-all, not all-reduce: :func:`alltoall_cost_symbolic`
+derives the time of a pairwise-exchange all-to-all, :func:`alltoall_time` evaluates it and
+:func:`expert_parallel_time` counts the four all-to-alls (dispatch and combine, forward and
+backward) of each MoE layer (Lepikhin et al. 2020, "GShard").
 """
 
 from __future__ import annotations
@@ -51,11 +58,16 @@ __all__ = [
     "activation_bytes_per_layer",
     "activation_memory_symbolic",
     "allreduce_time",
+    "alltoall_cost_symbolic",
+    "alltoall_time",
     "best_layout",
     "calibrate_compute_efficiency",
     "check_layout",
+    "expert_parallel_time",
     "h100_cluster",
+    "layout_ranges",
     "memory_per_gpu",
+    "overlap_sensitivity",
     "predict",
     "tpu_v4_cluster",
 ]
@@ -277,6 +289,56 @@ def allreduce_time(n_bytes: float, ranks: int, bandwidth: float, latency: float)
     return 0.0 if k == 1 else alpha_beta_time(n_bytes, k, latency, 1.0 / bandwidth)
 
 
+def alltoall_cost_symbolic() -> dict[str, sp.Expr]:
+    """SymPy: the alpha-beta time of an all-to-all of n bytes per rank over p ranks.
+
+    Each rank holds p blocks of n/p bytes, block j destined for rank j. In the pairwise
+    exchange (Thakur, Rabenseifner & Gropp 2005, section 3) step i = 1 .. p-1 sends block
+    (r + i) mod p to rank r + i and receives from r - i: one message of n/p bytes per step, all
+    links busy at once. Summing the steps: T = (p-1) alpha + (p-1)/p n beta, and each rank sends
+    (p-1)/p n bytes (its own block stays). Half an all-reduce's bandwidth term, and a
+    collective whose volume does not shrink as p grows.
+    """
+    p, n, alpha, beta, i = sp.symbols("p n alpha beta i", positive=True)
+    step = alpha + n / p * beta
+    return {"time": sp.expand(sp.summation(step, (i, 1, p - 1))),
+            "bytes_per_rank": sp.factor(sp.summation(n / p, (i, 1, p - 1)))}
+
+
+def alltoall_time(n_bytes: float, ranks: int, bandwidth: float, latency: float) -> float:
+    """Pairwise all-to-all of ``n_bytes`` per rank over ``ranks``: (k-1) alpha + (k-1)/k n / bandwidth
+    (:func:`alltoall_cost_symbolic`); 0 for one rank."""
+    k = check_positive_int("ranks", ranks)
+    check_nonnegative_number("n_bytes", n_bytes)
+    check_positive_number("bandwidth", bandwidth)
+    check_nonnegative_number("latency", latency)
+    return (k - 1) * latency + (k - 1) / k * n_bytes / bandwidth
+
+
+def expert_parallel_time(tokens_per_rank: int, d_model: int, n_moe_layers: int, ep: int,
+                         cluster: Cluster, top_k: int = 1, capacity_factor: float = 1.0,
+                         bytes_per_value: int = 2) -> float:
+    """Seconds of expert-parallel all-to-all per training step and rank.
+
+    Each MoE layer does four all-to-alls: dispatch and combine in the forward pass, their
+    transposes in the backward (GShard; Fedus et al. 2022). Each sends the rank's buffer of
+    C = capacity_factor k n tokens of d values (b bytes each), so one layer costs
+    4 * alltoall_time(C d b, ep): bytes per layer and pass 2 n k d b (chapter 21's
+    :func:`~llmbook.scale.moe.all_to_all_bytes`) times the factor. Over NVLink when ep fits a
+    node, else over the inter-node links.
+    """
+    _check_specs(cluster=cluster)
+    n = check_positive_int("tokens_per_rank", tokens_per_rank)
+    d = check_positive_int("d_model", d_model)
+    layers = check_positive_int("n_moe_layers", n_moe_layers)
+    k = check_positive_int("top_k", top_k)
+    e = check_positive_int("ep", ep)
+    cf = check_positive_number("capacity_factor", capacity_factor)
+    b = check_positive_int("bytes_per_value", bytes_per_value)
+    bw = cluster.intra_bandwidth if e <= cluster.gpus_per_node else cluster.inter_bandwidth
+    return layers * 4 * alltoall_time(cf * k * n * d * b, e, bw, cluster.latency)
+
+
 def predict(model: ModelSpec, cluster: Cluster, layout: Layout,
             eff: Efficiency = Efficiency()) -> dict[str, float]:
     """Predicted step time (s) and its parts, tokens/s, model and hardware TFLOP/s per GPU,
@@ -386,6 +448,42 @@ def best_layout(model: ModelSpec, cluster: Cluster, global_batch: int,
     return best
 
 
+def overlap_sensitivity(model: ModelSpec, cluster: Cluster, global_batch: int,
+                        overlaps: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0),
+                        eff: Efficiency = Efficiency(),
+                        **search: object) -> list[tuple[float, Layout | None, dict[str, float] | None]]:
+    """:func:`best_layout` re-run for each guessed ``dp_overlap`` (the other knobs of ``eff``
+    unchanged): a list of (overlap, layout, prediction), layout and prediction None where
+    nothing fits. ``search`` goes on to :func:`best_layout` (micro_batches, recompute, ...)."""
+    _check_specs(eff=eff)
+    if not overlaps:
+        raise ValueError("overlaps must list at least one value")
+    out = []
+    for o in overlaps:
+        found = best_layout(model, cluster, global_batch, replace(eff, dp_overlap=o), **search)  # type: ignore[arg-type]
+        out.append((o, *found) if found is not None else (o, None, None))
+    return out
+
+
+def layout_ranges(sensitivity: list[tuple[float, Layout | None, dict[str, float] | None]]) -> dict[str, tuple]:
+    """The range of each choice over an :func:`overlap_sensitivity` sweep: (min, max) of
+    ``tp``, ``pp``, ``dp``, ``micro_batch``, ``zero_stage`` and ``mfu``, and the set of
+    ``recompute`` modes; ``distinct`` counts the different layouts. Sweeps where nothing
+    fits are skipped (ValueError if none fits)."""
+    found = [(lay, pred) for _, lay, pred in sensitivity if lay is not None]
+    if not found:
+        raise ValueError("no layout fits at any overlap of the sweep")
+    out: dict[str, tuple] = {}
+    for key in ("tp", "pp", "dp", "micro_batch", "zero_stage"):
+        vals = [getattr(lay, key) for lay, _ in found]
+        out[key] = (min(vals), max(vals))
+    mfus = [pred["mfu"] for _, pred in found]
+    out["mfu"] = (min(mfus), max(mfus))
+    out["recompute"] = tuple(sorted({lay.recompute for lay, _ in found}))
+    out["distinct"] = (len({lay for lay, _ in found}),)
+    return out
+
+
 # ---------------------------------------------------------------- published runs
 
 
@@ -433,10 +531,15 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
                  Layout(8, 64, 6, 1, 3072, "full"),
                  "Narayanan et al. 2021, table 1: 1T (t=8, p=64) on 3072 A100s, 163 TFLOP/s per GPU",
                  reported_tflops=163.0, hardware=True),
-    PublishedRun("OPT-175B", GPT3_175B, a100_cluster(992),
+    # OPT's "up to 147 TFLOP/s per GPU" is a peak, and the paper does not say which FLOPs it
+    # counts. Its run recomputes activations and uses Megatron's tensor parallelism, so it is
+    # scored like the Megatron runs, counting recomputation (hardware=True); read as model
+    # FLOPs instead, 147 would be 47 % MFU (chapter 22 shows both readings).
+    PublishedRun("OPT-175B", ModelSpec("OPT-175B", 96, 12288, 96, 2048, 50272), a100_cluster(992),
                  Layout(8, 1, 124, 1, 992, "full", zero_stage=3),
-                 "Zhang et al. 2022 (OPT), sec. 2.3: 992 A100 80GB, Megatron TP 8 + FSDP, 147 TFLOP/s per GPU",
-                 reported_tflops=147.0, hardware=False),
+                 "Zhang et al. 2022 (OPT), sec. 2.3: 992 A100 80GB, Megatron TP 8 + FSDP, "
+                 "up to 147 TFLOP/s per GPU",
+                 reported_tflops=147.0, hardware=True),
     PublishedRun("PaLM 540B", ModelSpec("PaLM 540B", 118, 18432, 48, 2048, 256000, 540.35e9),
                  tpu_v4_cluster(6144), Layout(12, 1, 512, 4, 2048, "full", True, zero_stage=3),
                  "Chowdhery et al. 2022, sec. 4 and table 3: 6144 TPU v4 chips, 46.2% MFU",

@@ -29,6 +29,8 @@ Contents:
   "Auxiliary-Loss-Free Load Balancing Strategy for Mixture-of-Experts"; DeepSeek-AI, 2024,
   "DeepSeek-V3 Technical Report", section 2.1.2);
 * :func:`all_to_all_bytes` - the traffic of expert parallelism;
+* :func:`gate_jacobian_symbolic`, :func:`router_gradient`, :func:`lm_router_gradients` - why a top-1 gate renormalised
+  over its one expert gives the router no gradient from the language-model loss;
 * :class:`MoELayer` - the layer, with optional shared experts (Dai et al., 2024,
   "DeepSeekMoE: Towards Ultimate Expert Specialization in Mixture-of-Experts Language
   Models"), a Qwen2-MoE-style sigmoid gate on the shared expert, capacity and bias.
@@ -65,8 +67,11 @@ __all__ = [
     "expert_capacity",
     "expert_load_fractions",
     "from_hf_moe_block",
+    "gate_jacobian_symbolic",
     "load_balancing_loss",
     "route",
+    "lm_router_gradients",
+    "router_gradient",
     "router_z_loss",
     "update_expert_bias",
 ]
@@ -307,6 +312,94 @@ def all_to_all_bytes(num_tokens: int, d_model: int, top_k: int = 1, bytes_per_va
         return total
     ep = check_positive_int("ep_size", ep_size)
     return total * (ep - 1) / ep
+
+
+# ---------------------------------------------------------------- the router's gradient
+
+
+def gate_jacobian_symbolic(num_experts: int, top_k: int, score: str = "softmax",
+                           normalize: bool = True) -> Any:
+    """SymPy: d g / d z, the (k, N) Jacobian of the gates with respect to the router logits.
+
+    The selection S = top_k(s) is piecewise constant in z, so its derivative is zero almost
+    everywhere and the gradient reaches z only through the gate values g. Without loss of
+    generality S is the first k experts. With ``normalize`` and k = 1 the gate is
+    s_1 / s_1 = 1 whatever z is: the Jacobian is zero and the router's weights W_r get no
+    gradient from any loss computed from the layer's output y = sum_i g_i E_i(x).
+    """
+    import sympy as sp
+
+    n = check_positive_int("num_experts", num_experts)
+    k = _check_top_k(top_k, n)
+    if score not in SCORES:
+        raise ValueError(f"unknown score={score!r}; choose one of {list(SCORES)}")
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool, got {normalize!r}")
+    z = sp.symbols(f"z0:{n}", real=True)
+    if score == "softmax":
+        s = [sp.exp(zi) / sum(sp.exp(zj) for zj in z) for zi in z]
+    else:
+        s = [1 / (1 + sp.exp(-zi)) for zi in z]
+    g = [s[i] / sum(s[:k]) if normalize else s[i] for i in range(k)]
+    return sp.simplify(sp.Matrix(g).jacobian(sp.Matrix(z)))
+
+
+def router_gradient(layer: nn.Module, x: Tensor, grad_output: Tensor) -> Tensor:
+    """The gradient of <y, grad_output> with respect to the router's weight W_r (N, d), where
+    y = layer(x): what a loss with dL/dy = ``grad_output`` (a language-model loss's) sends to
+    the router, auxiliary losses excluded. Zeros where autograd finds no path (a renormalised
+    top-1 gate). ``layer`` is an :class:`MoELayer`; x (..., d), grad_output shaped like y.
+    """
+    if not isinstance(layer, MoELayer):
+        raise TypeError(f"layer must be an MoELayer, got {type(layer).__name__}")
+    x = check_floating_tensor(x, "x")
+    grad_output = check_floating_tensor(grad_output, "grad_output")
+    y = layer(x)
+    if grad_output.shape != y.shape:
+        raise ValueError(f"grad_output must have the output's shape {tuple(y.shape)}, got {tuple(grad_output.shape)}")
+    (grad,) = torch.autograd.grad(y, layer.router.weight, grad_output, allow_unused=True,
+                                  materialize_grads=True)
+    return grad
+
+
+def lm_router_gradients(model: nn.Module, ids: Tensor, top_k: int, normalize: bool,
+                        balance_alpha: float = 0.0, z_loss: float = 0.0) -> list[Tensor]:
+    """dL/dW_r of every :class:`MoELayer` router in ``model`` under a given gate rule.
+
+    ``model`` maps token ids (B, T) to next-token logits (B, T, V) (a language model);
+    L is the cross-entropy of ids[:, 1:] given ids[:, :-1], plus ``balance_alpha`` times each
+    layer's :func:`load_balancing_loss` and ``z_loss`` times its :func:`router_z_loss`. Every
+    MoE layer is switched to ``top_k`` and ``normalize`` for the call and restored after; no
+    weight changes. Returns one (N, d) gradient per layer (zeros where autograd finds no path).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    layers = [m for m in model.modules() if isinstance(m, MoELayer)]
+    if not layers:
+        raise ValueError("model has no MoELayer")
+    if not isinstance(ids, Tensor) or ids.ndim != 2 or ids.shape[1] < 2 or ids.is_floating_point():
+        raise ValueError(f"ids must be an integer tensor (B, T) with T >= 2, got {ids!r:.60}")
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool, got {normalize!r}")
+    for name, value in (("balance_alpha", balance_alpha), ("z_loss", z_loss)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+    saved = [(m.top_k, m.normalize) for m in layers]
+    try:
+        for m in layers:
+            m.top_k, m.normalize = _check_top_k(top_k, m.num_experts), normalize
+        logits = model(ids[:, :-1])  # (B, T-1, V)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        for m in layers:
+            if balance_alpha:
+                loss = loss + load_balancing_loss(m.router_logits, m.top_k, balance_alpha)
+            if z_loss:
+                loss = loss + z_loss * router_z_loss(m.router_logits)
+        return list(torch.autograd.grad(loss, [m.router.weight for m in layers], allow_unused=True,
+                                        materialize_grads=True))
+    finally:
+        for m, (k, norm) in zip(layers, saved, strict=True):
+            m.top_k, m.normalize = k, norm
 
 
 # ---------------------------------------------------------------- the layer
