@@ -243,3 +243,55 @@ def test_shipped_models_load_and_match_their_curves(name):
 def test_load_unknown_model():
     with pytest.raises(ValueError, match="unknown induction model"):
         load_induction_model("induction_3l")
+
+
+# ---------------------------------------------------------------- thresholds and other models
+
+
+def test_alignment_chance_exact_and_by_enumeration():
+    from itertools import product
+
+    from llmbook.scale.induction import alignment_chance
+
+    for n, k, w in ((5, 2, 1), (6, 3, 2), (4, 3, 0)):
+        count = sum(max(t) - min(t) <= w for t in product(range(n), repeat=k))
+        assert alignment_chance(n, k, w) == pytest.approx(count / n ** k, abs=1e-15)
+    assert alignment_chance(5, 2, 1) == pytest.approx(13 / 25)
+    assert alignment_chance(80, 4, 79) == 1.0
+    assert alignment_chance(80, 4, 4) == pytest.approx(0.00069091796875)
+    with pytest.raises(ValueError, match="window"):
+        alignment_chance(10, 2, -1)
+
+
+def test_lm_attention_patterns_reproduce_the_attention_output():
+    from llmbook.scale.induction import lm_attention_patterns
+    from llmbook.transformer.model import TransformerConfig, TransformerLM
+
+    torch.manual_seed(0)
+    for cfg in (TransformerConfig.gpt2_style(vocab_size=31, d_model=24, n_layers=2, n_heads=3, max_seq_len=16),
+                TransformerConfig.llama_style(vocab_size=31, d_model=24, n_layers=2, n_heads=4, n_kv_heads=2,
+                                              max_seq_len=16)):
+        model = TransformerLM(cfg).double().eval()
+        ids = torch.randint(0, 31, (2, 9))
+        outputs: list = []
+        hooks = [b.attn.register_forward_hook(lambda m, a, o, store=outputs: store.append(o))
+                 for b in model.blocks]
+        logits, patterns = lm_attention_patterns(model, ids)
+        for h in hooks:
+            h.remove()
+        with torch.no_grad():
+            assert torch.equal(logits, model(ids))
+        assert len(patterns) == 2 and patterns[0].shape == (2, cfg.n_heads, 9, 9)
+        for pattern in patterns:
+            assert torch.allclose(pattern.sum(-1), torch.ones(2, cfg.n_heads, 9, dtype=D))
+            assert torch.all(pattern.triu(1) == 0)
+        # rebuild layer 0's output from its pattern: o_proj(A v) with v from the normed input
+        with torch.no_grad():
+            x = model.embed.weight[ids] + (model.pos_embed.weight[:9] if model.pos_embed is not None else 0)
+            attn = model.blocks[0].attn
+            _, _, v = attn.project_qkv(model.blocks[0].attn_norm(x))
+            v = v.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=-3)
+            z = (patterns[0] @ v).transpose(1, 2).reshape(2, 9, -1)
+            assert torch.allclose(attn.o_proj(z), outputs[0], atol=1e-12)
+    with pytest.raises(TypeError, match="TransformerLM"):
+        lm_attention_patterns(small_model(), torch.zeros(1, 3, dtype=torch.long))

@@ -19,7 +19,12 @@ This module provides
 * :func:`previous_token_score` and :func:`prefix_matching_score` - the head scores of
   Olsson et al. (2022), read off attention patterns;
 * :func:`train_induction_model` - the training run that is shipped (``induction_2l``,
-  ``induction_1l``) with its curves, and :func:`load_induction_model` to load it.
+  ``induction_1l``) with its curves, and :func:`load_induction_model` to load it;
+* :func:`alignment_chance` - how likely a given alignment of k curves' steepest steps is by
+  chance, which sets the tolerance of the phase-change check before it is measured;
+* :func:`lm_attention_patterns` - every head's attention pattern in a
+  :class:`~llmbook.transformer.model.TransformerLM` (the book's own text model), so that the
+  same scores can be read off a model trained on text.
 
 Ablation, the in-context-learning score and the hand-built circuit are in
 :mod:`llmbook.scale.interpretability`.
@@ -51,7 +56,9 @@ from llmbook.validation import (
 __all__ = [
     "INDUCTION_RECIPES",
     "AttentionOnlyTransformer",
+    "alignment_chance",
     "induction_batch",
+    "lm_attention_patterns",
     "load_induction_model",
     "per_position_loss",
     "prefix_matching_score",
@@ -402,3 +409,52 @@ def load_induction_model(name: str = "induction_2l", step: int | None = None
     model.load_state_dict(state)
     return model.eval(), info
 
+
+
+# ---------------------------------------------------------------- thresholds and other models
+
+
+def alignment_chance(n_points: int, k: int, window: int) -> float:
+    """Probability that k independent uniform draws from n_points grid points span <= window.
+
+    Counts the k-tuples by their minimum m: all draws in [m, m + w'] minus all in
+    [m + 1, m + w'] with w' = min(window, n_points - 1 - m). Used to fix, before looking, how
+    close the steps of steepest change of k training curves must be for "they change together"
+    to mean something: with 80 evaluations and 4 curves, a window of 4 evaluations is met by
+    chance with probability ~ 7e-4.
+    """
+    n = check_positive_int("n_points", n_points)
+    k = check_positive_int("k", k)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"window must be a non-negative int, got {window!r}")
+    count = sum((min(window, n - 1 - m) + 1) ** k - min(window, n - 1 - m) ** k for m in range(n))
+    return count / n ** k
+
+
+def lm_attention_patterns(model: nn.Module, ids: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """Logits (B, T, V) of a :class:`~llmbook.transformer.model.TransformerLM` and its patterns.
+
+    Hooks each block's attention, recomputes its queries and keys from the same inputs
+    (positions and RoPE included) and returns A_l = softmax(q k^T * scale) with the causal
+    mask, (B, H, T, T) per layer; key-value heads shared by several query heads (GQA) are
+    repeated. The forward pass itself is untouched.
+    """
+    from llmbook.transformer.model import TransformerLM
+
+    if not isinstance(model, TransformerLM):
+        raise TypeError(f"model must be a TransformerLM, got {type(model).__name__}")
+    patterns: list[Tensor] = []
+
+    def hook(attn: MultiHeadAttention, args: tuple, kwargs: dict) -> None:
+        q, k, _ = attn.project_qkv(args[0], kwargs.get("positions"), kwargs.get("rope"))
+        k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=-3)  # (B, H, T, d_head)
+        patterns.append(attention_weights(q, k, is_causal=True, scale=attn.scale))  # (B, H, T, T)
+
+    handles = [block.attn.register_forward_pre_hook(hook, with_kwargs=True) for block in model.blocks]
+    try:
+        with torch.no_grad():
+            logits = model(ids)
+    finally:
+        for h in handles:
+            h.remove()
+    return logits, patterns
