@@ -267,3 +267,8 @@ def test_papers_become_citations():
     # a letter after the year tells two papers of one year apart, in any chapter
     out = cite_papers("LLaMA (Touvron et al., 2023a) and Llama 2 (Touvron et al., 2023b)", "11", used)
     assert "{cite:year}`touvron2023llama`" in out and "{cite:year}`touvron2023llama2`" in out
+    # a surname with a lower-case particle is one name; "caravan" holds no particle
+    used = set()
+    out = cite_papers("as von Oswald et al. (2023) show; a caravan Smith 2020 is not a paper", "24", used)
+    assert "von Oswald et al. ({cite:year}`vonoswald2023`)" in out and used == {"vonoswald2023"}
+    assert "caravan Smith 2020" in out

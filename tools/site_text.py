@@ -304,6 +304,16 @@ CITATIONS: dict[str, str] = {
     "Beirami et al. 2024": "beirami2024",
     "Bai et al. 2022": "bai2022constitutional", "Lee et al. 2023": "lee2023rlaif",
     "Zheng et al. 2023": "zheng2023judge",
+    # Part VI's third edition (issue 25): chapter 22b, context parallelism
+    "Liu et al. 2023": "liu2023ring", "Jacobs et al. 2023": "jacobs2023",
+    "Brandon et al. 2023": "brandon2023",
+    # chapter 24, in-context learning as gradient descent
+    "von Oswald et al. 2023": "vonoswald2023",
+    # chapter 23b, Mamba-2 and state-space duality
+    "Dao & Gu 2024": "dao2024ssd",
+    # chapter 24b, interpretability on the real model
+    "Geva et al. 2021": "geva2021", "Meng et al. 2022": "meng2022rome",
+    "Xiao et al. 2024": "xiao2024sinks", "Elhage et al. 2022": "elhage2022superposition",
 }
 
 #: (chapter, name as in :data:`CITATIONS`) -> key, for names two papers share: LLaMA and
@@ -332,7 +342,8 @@ def chapter_label(stem: str) -> str:
         raise ValueError(f"{stem!r} is not a chapter name such as 07_decoder or 10d_data_mixtures")
     return label
 
-_NAME = r"[A-Z][\w'\-]+"
+# a surname, with a lower-case particle where it has one ("von Oswald", "van der Maaten")
+_NAME = r"(?:\b(?:von|van|de|der|den|du|le|la)\s+)*[A-Z][\w'\-]+"
 _AUTHORS = rf"(?P<authors>{_NAME}(?:,\s+{_NAME})*(?:\s+(?:&|and)\s+{_NAME}|\s+et\s+al\.)?)"
 # the year may carry a letter where a chapter cites two papers of one year ("2023a")
 _CITATION = re.compile(_AUTHORS + r"(?P<sep>,?\s+\(?)(?P<year>(?:19|20)\d\d[a-z]?)(?=[),;:\s])")
