@@ -22,6 +22,7 @@
 
 # %%
 import math
+from unittest import mock
 
 import matplotlib.pyplot as plt
 import sympy as sp
@@ -32,6 +33,7 @@ from transformers import MambaConfig as HFMambaConfig
 from transformers import MambaForCausalLM, RwkvConfig, RwkvForCausalLM
 
 from llmbook.nbtools import Checks, best_time, save_figure, seed_everything, show_source
+from llmbook.scale import ssm as ssm_module
 from llmbook.scale.linear_attention import (
     causal_linear_attention_cumsum,
     causal_linear_attention_parallel,
@@ -330,7 +332,8 @@ display(sp.Eq(sp.Symbol("h_2"), sp.expand(left[1])))
 # %% [markdown]
 # Hillis–Steele's scan combines, in round $r$, each element with the one $2^r$ positions
 # before it; after round $r$ element $t$ holds the composition of elements
-# $t-2^{r+1}+1..t$. Each round is one vectorised `scan_combine` over all positions.
+# $t-2^{r+1}+1..t$. Each round is one vectorised `scan_combine` over all positions, so the
+# check below counts the calls the scan actually makes, not a formula for them.
 
 # %%
 show_source(associative_scan)
@@ -348,13 +351,13 @@ A_sel = -torch.exp(torch.randn(E, N, generator=g, dtype=f64))
 B_sel, C_sel = torch.randn(Bt, T, N, generator=g, dtype=f64), torch.randn(Bt, T, N, generator=g, dtype=f64)
 D_sel = torch.randn(E, generator=g, dtype=f64)
 y_seq = selective_scan(u_s, delta_s, A_sel, B_sel, C_sel, D_sel, method="sequential")
-y_par = selective_scan(u_s, delta_s, A_sel, B_sel, C_sel, D_sel, method="parallel")
-rounds, offset = 0, 1
-while offset < T:
-    rounds, offset = rounds + 1, 2 * offset
+# count the rounds the parallel scan really runs: each round is one call of scan_combine
+with mock.patch.object(ssm_module, "scan_combine", wraps=ssm_module.scan_combine) as combine:
+    y_par = selective_scan(u_s, delta_s, A_sel, B_sel, C_sel, D_sel, method="parallel")
 checks = Checks("selective scan: sequential = parallel")
 checks.close("y, sequential vs Hillis–Steele", y_seq, y_par, tol=1e-12)
-checks.equal("parallel rounds for T = 100", math.ceil(math.log2(T)), rounds)
+checks.equal("rounds run (scan_combine calls) = ⌈log2 T⌉ for T = 100", math.ceil(math.log2(T)),
+             combine.call_count)
 checks
 
 # %% [markdown]
@@ -494,6 +497,7 @@ checks
 # | method | largest intermediate | floats |
 # |---|---|---|
 # | softmax attention | scores and weights | $2T^2$ |
+# | softmax attention, tiled (FlashAttention, chapter 14) | one block of scores, running max and sum, output | $B_rB_c + 2T + T d_v$ |
 # | linear attention, parallel | masked similarity matrix | $T^2$ |
 # | linear attention, cumsum | all states $S_t$ | $T\,m\,d_v$ |
 # | linear attention, recurrent | state $S_t, z_t$ (+ outputs $T d_v$) | $m d_v + m + T d_v$ |
@@ -502,10 +506,15 @@ checks
 #
 # Mamba's CUDA kernel never writes $\bar A$ and $\bar B u$ to GPU main memory: it computes
 # them in fast on-chip memory and keeps only the state (Gu & Dao, section 3.3.2), the last row.
+# The same holds for softmax attention: its $T^2$ intermediates belong to the way it is usually
+# written, not to attention itself. Chapter 14's tiling streams blocks of keys past each block
+# of queries with a running maximum and sum, so no $T\times T$ matrix exists and the memory
+# is linear in $T$ ($B_r = B_c = 64$ below); what stays quadratic is the *time*.
 
 # %%
 def memory_floats(T, d=64, E=64, N=16):
-    return {"softmax attention": 2 * T**2, "linear attention, parallel": T**2,
+    return {"softmax attention": 2 * T**2, "softmax attention, tiled": 64 * 64 + 2 * T + T * d,
+            "linear attention, parallel": T**2,
             "linear attention, cumsum": T * d * d, "linear attention, recurrent": d * d + d + T * d,
             "selective scan (as implemented)": 2 * T * E * N, "selective scan (fused kernel)": E * N + T * E}
 
@@ -555,8 +564,9 @@ save_figure(fig, "23_beyond_attention_scaling")
 plt.show()
 
 # %% [markdown]
-# On the right, the two quadratic methods (softmax attention and the parallel form of linear
-# attention) have slope 2 on the log-log axes, everything else slope 1; the fused selective
+# On the right, the two quadratic methods (softmax attention as written in chapter 4 and the
+# parallel form of linear attention) have slope 2 on the log-log axes, everything else slope
+# 1, tiled softmax attention included; the fused selective
 # scan and the recurrent linear attention keep only a state, so past a few hundred tokens
 # their cost is the output they write. The cumsum form of linear attention and the unfused
 # scan are linear in $T$ but with a large constant ($m d_v = 4096$ and $2EN = 2048$ floats per
@@ -584,7 +594,8 @@ plt.show()
 #   computable in $\lceil\log_2 T\rceil$ parallel rounds.
 # * The book's Mamba and RWKV-4 give the logits of Hugging Face's implementations with the
 #   same weights, to float32 round-off (the peers compute parts in float32).
-# * Memory: attention's intermediates grow as $T^2$; a recurrence needs only its state, if the
+# * Memory: attention as usually written materialises $T^2$ scores, but tiled (chapter 14) it
+#   needs $O(T)$; its time stays $O(T^2)$. A recurrence needs only its state, if the
 #   implementation is fused so as not to materialise the per-step quantities.
 #
 # ## Exercises
