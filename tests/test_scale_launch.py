@@ -56,6 +56,15 @@ def test_results_come_back_in_rank_order() -> None:
     assert run(_identity, 4) == [(r, 4, r) for r in range(4)]
 
 
+def test_a_rank_failing_at_once_is_reported_not_its_peers_connection_errors() -> None:
+    """Rank 1 raises the moment fn starts, while on a loaded machine a peer may still be
+    joining the process group; the launcher's barrier after joining makes the reported
+    cause rank 1's error every time, never a peer's "connection closed" during start-up."""
+    for _ in range(5):
+        with pytest.raises(WorkerError, match=r"(?s)^rank 1 failed.*rank one refuses on purpose"):
+            run(_raise_on_rank_one, 4, timeout=30)
+
+
 def test_a_failing_rank_fails_the_run_with_its_traceback() -> None:
     start = time.monotonic()
     with pytest.raises(WorkerError, match=r"(?s)rank 1 failed.*rank one refuses on purpose"):

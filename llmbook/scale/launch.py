@@ -110,6 +110,11 @@ def _worker(fn: Callable[..., Any], rank: int, world_size: int, args: tuple[Any,
                                   timeout=timedelta(seconds=STARTUP_SECONDS))
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=timedelta(seconds=timeout))
+            # every rank finishes joining before any runs fn: a rank whose fn fails at once
+            # would otherwise close its sockets while a slower peer is still connecting, and
+            # that peer's "connection closed" (dated from the start, so taken for the cause)
+            # would hide the real error
+            dist.barrier()
             try:
                 value = fn(rank, world_size, *args)
             except BaseException:
