@@ -18,6 +18,7 @@ from llmbook.scale.ssm import (
     causal_convolution,
     linear_recurrence,
     mamba_from_hf,
+    mamba_num_parameters,
     scan_combine,
     selective_scan,
     ssm_kernel,
@@ -284,3 +285,41 @@ def test_mamba_matches_hugging_face(hf_mamba, dtype):
     # Hugging Face computes its RMSNorm, B_bar u and the logits in float32 even in float64
     assert float((expected.double() - got.double()).abs().max()) < 5e-6
     assert float(expected.abs().max()) > 1.0
+
+
+# ---------------------------------------------------------------- parameter count
+
+
+def test_mamba_num_parameters_worked_example():
+    # d = 48, E = 96, N = 8, R = 3, K = 4: a block holds 9216 + 384 + 96 + 1824 + 288 + 96
+    # + 768 + 96 + 4608 + 48 = 17424; 2 blocks + 16 x 48 embedding + 48 final gain = 35664
+    config = MambaConfig(vocab_size=16, d_model=48, n_layers=2, d_state=8)
+    assert mamba_num_parameters(config) == 35664
+    assert sum(p.numel() for p in MambaLM(config).parameters()) == 35664
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(2, 40), st.integers(1, 24), st.integers(1, 3), st.integers(1, 6),
+       st.integers(1, 3), st.integers(1, 4), st.booleans(), st.booleans(), st.booleans())
+def test_mamba_num_parameters_counts_the_module(V, d, L, N, expand, K, bias, conv_bias, tie):
+    config = MambaConfig(vocab_size=V, d_model=d, n_layers=L, d_state=N, expand=expand, d_conv=K,
+                         bias=bias, conv_bias=conv_bias, tie_embeddings=tie)
+    assert mamba_num_parameters(config) == sum(p.numel() for p in MambaLM(config).parameters())
+
+
+def test_mamba_num_parameters_matches_hugging_face():
+    import transformers
+
+    for tie, bias in ((True, False), (False, True)):
+        hf_cfg = transformers.MambaConfig(vocab_size=24, hidden_size=20, state_size=6, num_hidden_layers=3,
+                                          expand=2, conv_kernel=3, time_step_rank=5, use_bias=bias,
+                                          use_conv_bias=True, tie_word_embeddings=tie)
+        hf = transformers.MambaForCausalLM(hf_cfg)
+        ours = MambaConfig(vocab_size=24, d_model=20, n_layers=3, d_state=6, expand=2, d_conv=3,
+                           dt_rank=5, bias=bias, tie_embeddings=tie)
+        assert mamba_num_parameters(ours) == hf.num_parameters()
+
+
+def test_mamba_num_parameters_bad_input():
+    with pytest.raises(TypeError, match="config"):
+        mamba_num_parameters({"vocab_size": 16})

@@ -24,7 +24,9 @@ state x(t) in R^N:
   Their Applications").
 * **The Mamba model** (:class:`MambaConfig`, :class:`MambaMixer`, :class:`MambaBlock`,
   :class:`MambaLM`, :func:`mamba_from_hf`): the architecture of Gu & Dao's Figure 3, with
-  the parameter names of Hugging Face ``MambaForCausalLM``, so its weights load directly.
+  the parameter names of Hugging Face ``MambaForCausalLM``, so its weights load directly;
+  :func:`mamba_num_parameters` counts its parameters from the configuration alone, to size a
+  Mamba against a transformer of equal parameters.
 
 Introduced in notebooks/23_beyond_attention.
 """
@@ -61,6 +63,7 @@ __all__ = [
     "causal_convolution",
     "linear_recurrence",
     "mamba_from_hf",
+    "mamba_num_parameters",
     "scan_combine",
     "selective_scan",
     "ssm_kernel",
@@ -352,6 +355,30 @@ class MambaConfig:
     @property
     def d_inner(self) -> int:
         return self.expand * self.d_model
+
+
+def mamba_num_parameters(config: MambaConfig) -> int:
+    """The number of parameters of ``MambaLM(config)``, from the sizes alone.
+
+    With d = d_model, E = expand * d, N = d_state, R = dt_rank, K = d_conv, each of the
+    ``n_layers`` blocks holds in_proj d * 2E (+ 2E bias), the depthwise conv E * K (+ E),
+    x_proj E (R + 2N), dt_proj R E + E, A_log E N, D E, out_proj E d (+ d) and its RMSNorm
+    gain d; around them the V x d embedding, the final norm d and, untied, a V x d head
+    (Gu & Dao, 2023, Figure 3; the layout of Hugging Face ``MambaForCausalLM``).
+    """
+    if not isinstance(config, MambaConfig):
+        raise TypeError(f"config must be a MambaConfig, got {type(config).__name__}")
+    c = config
+    d, E, N, R, K = c.d_model, c.d_inner, c.d_state, c.dt_rank, c.d_conv
+    block = (d * 2 * E + (2 * E if c.bias else 0)  # in_proj
+             + E * K + (E if c.conv_bias else 0)  # conv1d
+             + E * (R + 2 * N)  # x_proj
+             + R * E + E  # dt_proj
+             + E * N + E  # A_log, D
+             + E * d + (d if c.bias else 0)  # out_proj
+             + d)  # the block's RMSNorm
+    head = 0 if c.tie_embeddings else c.vocab_size * d
+    return c.vocab_size * d + c.n_layers * block + d + head
 
 
 class CausalDepthwiseConv1d(nn.Module):
