@@ -26,6 +26,7 @@
 
 # %%
 import copy
+import json
 import math
 
 import matplotlib.pyplot as plt
@@ -33,6 +34,7 @@ import sympy as sp
 import sympy.stats as ss
 import torch
 from IPython.display import display
+from scipy import stats
 from transformers import DeepseekV3Config, MixtralConfig, Qwen2MoeConfig
 from transformers import logging as hf_logging
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
@@ -43,6 +45,7 @@ from transformers.models.mixtral.modeling_mixtral import (
 from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
 
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
+from llmbook.paths import data_path
 from llmbook.scale.moe import (
     MoELayer,
     all_to_all_bytes,
@@ -58,7 +61,14 @@ from llmbook.scale.moe import (
     router_z_loss,
     update_expert_bias,
 )
-from llmbook.scale.moe_training import active_parameters, load_moe_vs_dense, moe_layers, moe_lm
+from llmbook.scale.moe_training import (
+    active_parameters,
+    load_moe_vs_dense,
+    moe_layers,
+    moe_lm,
+    summarize_seeds,
+    train_variant_seed,
+)
 from llmbook.text.corpus import load_stdlib_docs
 from llmbook.training.pretrained import book_model
 
@@ -590,7 +600,9 @@ plt.show()
 # and here the bias-balanced model is the best of the five. On the right, the balance each
 # method buys (measured by the Switch loss itself, 2 for two perfectly uniform layers): none
 # stays far above 2, $\alpha = 0.01$ holds it at 2 almost exactly, and the bias brings it
-# down over the run, since it moves by only $\gamma = 0.001$ per step.
+# down over the run, since it moves by only $\gamma = 0.001$ per step. All of this is one seed,
+# and the balanced models differ from the unbalanced one by two changes (balancing and the
+# z-loss): section 21.10 repeats the comparison over three seeds, one change at a time.
 
 # %%
 final = {k: V[k]["val_loss"][-1] for k in names}
@@ -750,6 +762,103 @@ checks
 # Qwen2-MoE does not renormalise at all (`norm_topk_prob=False`). A model configured with
 # `normalize=True` and `top_k=1` trains its experts, but its router only ever learns from
 # whatever auxiliary loss it is given.
+
+# %% [markdown]
+# ## 21.10 The rankings over three seeds, one change at a time
+#
+# Section 21.7's table comes from one seed, and two of its comparisons change two things at
+# once: every balanced model there also carries the z-loss, which the unbalanced one does not.
+# `data/make_moe_seeds.py` repeats the runs with three seeds (each sets both the
+# initialisation and the order of the batches; seed 0 is section 21.7's recipe) for six
+# models that differ from the unbalanced MoE by one change at a time: the z-loss alone
+# ($10^{-3}$), the Switch loss alone ($\alpha = 0.01$), both (section 21.7's `moe_aux`), the
+# bias alone ($\gamma = 0.001$, without the z-loss this time), and the dense model. Each run
+# records its final validation loss, the load imbalance at the end (the busiest expert's
+# share over the mean share, per layer, averaged over the two layers; 1 is perfect balance
+# and $N/k = 4$ the worst) and the router's z (the mean squared log-sum-exp of its logits,
+# the quantity the z-loss penalises), both on the first validation batch.
+
+# %%
+show_source(train_variant_seed)
+
+# %% [markdown]
+# The table gives the mean over the three seeds with its 95 % Student-$t$ interval (two
+# degrees of freedom, so the half-width is more than four standard errors $s/\sqrt 3$), and
+# each model's loss minus the unbalanced MoE's *paired by seed*: the two runs of a seed share
+# their batches (and, between MoE models, their initial weights), so the difference cancels
+# part of the seed's luck.
+
+# %%
+seed_runs = json.loads(data_path("moe_seeds", "results.json").read_text())
+seed_rows = summarize_seeds(seed_runs, baseline="moe_none")
+seed_names = {"dense": "dense (SwiGLU 128)", "moe_none": "MoE, no balancing", "moe_z": "MoE, z-loss only",
+              "moe_switch": "MoE, Switch loss only", "moe_aux": "MoE, Switch + z (21.7)",
+              "moe_bias": "MoE, bias only"}
+print(f"{'model':24s} {'seeds':>5s} {'final val loss':>15s} {'- no balancing':>15s} {'imbalance':>13s}"
+      f" {'router z':>13s}")
+for r in seed_rows:
+    cells = [f"{r['val_loss']:.3f} ± {r['val_loss_pm']:.3f}",
+             "-" if r["diff"] is None else f"{r['diff']:+.3f} ± {r['diff_pm']:.3f}",
+             "-" if r["imbalance"] is None else f"{r['imbalance']:.2f} ± {r['imbalance_pm']:.2f}",
+             "-" if r["router_z"] is None else f"{r['router_z']:.2f} ± {r['router_z_pm']:.2f}"]
+    print(f"{seed_names[r['variant']]:24s} {r['seeds']:5d} {cells[0]:>15s} {cells[1]:>15s} {cells[2]:>13s} "
+          f"{cells[3]:>13s}")
+
+# %% [markdown]
+# Which differences survive the seeds? Below, a difference whose interval excludes zero is
+# called real and one whose interval contains zero is within noise. The same paired
+# intervals are given against the dense model, and for the z-loss's effect when the Switch
+# loss is present (Switch + z against Switch alone):
+
+# %%
+by_seed = {v: {r["seed"]: r["val_loss"] for r in runs} for v, runs in seed_runs["runs"].items()}
+pairs = [(v, "moe_none") for v in seed_names if v != "moe_none"] + [
+    (v, "dense") for v in seed_names if v not in ("dense", "moe_none")] + [("moe_aux", "moe_switch")]
+seed_verdicts = {}
+for a, b in pairs:
+    row = {r["variant"]: r for r in summarize_seeds(seed_runs, baseline=b)}[a]
+    lo, hi = row["diff"] - row["diff_pm"], row["diff"] + row["diff_pm"]
+    seed_verdicts[a, b] = (lo, hi)
+    word = "within noise" if lo <= 0 <= hi else ("lower (real)" if hi < 0 else "higher (real)")
+    print(f"{seed_names[a]:24s} - {seed_names[b]:24s} {row['diff']:+.3f} ± {row['diff_pm']:.3f}  {word}")
+
+# %%
+checks = Checks("MoE over seeds: intervals and the shipped run")
+for r in seed_rows:
+    raw = [by_seed[r["variant"]][s] for s in sorted(by_seed[r["variant"]])]
+    lo, hi = stats.t.interval(0.95, len(raw) - 1, loc=stats.tmean(raw), scale=stats.sem(raw))
+    checks.close(f"{r['variant']}: interval from scipy.stats.t", [lo, hi],
+                 [r["val_loss"] - r["val_loss_pm"], r["val_loss"] + r["val_loss_pm"]], tol=1e-9)
+for (a, b), (lo, hi) in seed_verdicts.items():
+    seeds = sorted(set(by_seed[a]) & set(by_seed[b]))
+    ci = stats.ttest_rel([by_seed[a][s] for s in seeds], [by_seed[b][s] for s in seeds]).confidence_interval(0.95)
+    checks.close(f"{a} - {b}: paired interval = scipy's ttest_rel", [ci.low, ci.high], [lo, hi], tol=1e-9)
+checks.equal("seed runs use section 21.7's recipe", info["recipe"], seed_runs["recipe"])
+checks.close("seed 0 of Switch + z = section 21.7's shipped moe_aux (final val loss)",
+             V["moe_aux"]["val_loss"][-1], by_seed["moe_aux"][0], tol=1e-4)
+checks
+
+# %% [markdown]
+# With three seeds, none of the five changes to the unbalanced MoE moves the final loss by
+# more than the seeds do: every paired interval against it contains zero. Section 21.7's
+# ranking of the MoE variants by loss is therefore not established by these runs. Seed 0
+# (section 21.7's) happens to be the one where Switch + z looks worst; over three seeds its
+# cost is $0.182 \pm 0.327$ nats, within noise. The confounded question, whether the z-loss
+# costs loss, gets no clear answer either: alone it costs $0.066 \pm 0.230$ nats and on top of
+# the Switch loss $0.043 \pm 0.080$, both intervals straddling zero. What does survive:
+#
+# * **Balance.** The Switch loss and the bias cut the load imbalance from $2.76 \pm 0.36$ to
+#   $1.31 \pm 0.09$ and $1.14 \pm 0.11$; the z-loss does not balance ($2.94 \pm 0.33$).
+# * **Router z.** The z-loss does what it is built for, shrinking the router's z from
+#   $5.56 \pm 0.74$ to $1.59 \pm 0.70$ (and from $6.11 \pm 0.59$ to $2.47 \pm 0.33$ with the
+#   Switch loss); the Switch loss alone leaves it where it was.
+# * **MoE against dense.** The MoE with the bias alone ends $0.237 \pm 0.217$ nats below the
+#   dense model and the one with the z-loss alone $0.135 \pm 0.109$ below; both intervals
+#   exclude zero, barely. The unbalanced MoE's lead over the dense model, $0.201 \pm 0.299$,
+#   and the Switch-balanced models' are within noise.
+#
+# Two degrees of freedom make wide intervals: telling apart the balancing methods' effects
+# on the loss, a few hundredths of a nat in this model, would take many more seeds.
 #
 # ## Summary
 #
@@ -767,13 +876,18 @@ checks
 #   up to its factor $k$.
 # * On the book's text, MoE models with the dense model's active parameters end about 0.2 nats
 #   lower at the same compute when balanced by the bias or not at all; the Switch loss trades
-#   loss for balance, and at $\alpha = 0.01$ this small model ends worse than the dense one.
+#   loss for balance, and at $\alpha = 0.01$ this small model ends worse than the dense one
+#   in that one seed (see the last bullet).
 # * Expert parallelism moves $2nkd\,b$ bytes per layer and pass: about 1 MiB per token for
 #   Mixtral 8x7B.
 # * A top-1 gate renormalised over its one expert is identically 1, so the language-model loss
 #   sends the router no gradient (SymPy's Jacobian and autograd on the trained model agree);
 #   the auxiliary losses give it one, towards balance only. Switch's softmax-over-$N$ gate and
 #   $k \ge 2$ avoid the problem.
+# * Over three seeds (section 21.10), the balancing methods' effects on the final loss are
+#   within noise; what survives is that the Switch loss and the bias balance the experts, the
+#   z-loss shrinks the router's logits, and the MoE with the bias or the z-loss alone beats
+#   the dense model.
 #
 # ## Exercises
 #

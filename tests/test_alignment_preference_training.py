@@ -37,6 +37,7 @@ from llmbook.alignment.preference_training import (
     family_setup,
     reward_at_kl,
     summarize_family,
+    t_interval,
     train_member,
 )
 from llmbook.alignment.preferences import keyword_reward, sample_responses
@@ -296,3 +297,18 @@ def test_reward_at_kl_bad_input():
         reward_at_kl({"kl": [0.0, 1.0], "reward": [0.0]}, 0.1)
     with pytest.raises(TypeError, match="kl"):
         reward_at_kl({"kl": [0.0], "reward": [0.0]}, float("nan"))
+
+
+def test_t_interval_worked_example_and_scipy():
+    from scipy import stats
+
+    mean, half = t_interval([1.0, 2.0, 4.0])
+    assert mean == pytest.approx(7 / 3, abs=1e-15)
+    lo, hi = stats.t.interval(0.95, 2, loc=7 / 3, scale=stats.sem([1.0, 2.0, 4.0]))
+    assert half == pytest.approx((hi - lo) / 2, rel=1e-12)
+    assert t_interval([5.0]) == (5.0, 0.0)
+    assert t_interval([1.0, 1.0, 1.0], 0.9) == (1.0, 0.0)
+    with pytest.raises(ValueError, match="empty"):
+        t_interval([])
+    with pytest.raises(ValueError, match="level"):
+        t_interval([1.0, 2.0], 1.0)

@@ -7,13 +7,16 @@ from seeded import gen
 
 from llmbook.scale.moe import MoELayer, load_balancing_loss, router_z_loss
 from llmbook.scale.moe_training import (
+    MOE_SEEDS_VARIANTS,
     MOE_VS_DENSE_RECIPE,
     active_parameters,
     auxiliary_losses,
     load_moe_vs_dense,
     moe_layers,
     moe_lm,
+    summarize_seeds,
     train_lm,
+    train_variant_seed,
 )
 from llmbook.transformer.layers import swiglu_parameter_count
 from llmbook.transformer.model import TransformerConfig, TransformerLM
@@ -108,3 +111,90 @@ def test_shipped_comparison_loads():
     assert v["moe_aux"]["total_parameters"] > 1.9 * v["dense"]["total_parameters"]
     ids = torch.randint(0, 1024, (1, 20), generator=gen(6))
     assert model(ids).shape == (1, 20, 1024) and not model.training
+
+
+def tiny_recipe() -> dict:
+    return {"model": config().to_dict(), "moe": {"num_experts": 4, "top_k": 2, "d_ff": 16},
+            "train": dict(steps=3, batch_size=4, context_length=12, lr=1e-2, min_lr=1e-3, warmup_steps=1,
+                          weight_decay=0.1, grad_clip=1.0, eval_every=3, eval_batches=1, seed=0),
+            "init_seed": 0}
+
+
+def test_train_variant_seed_overrides_both_seeds():
+    tokens = torch.randint(0, 50, (2000,), generator=gen(7))
+    train_ids, val_ids = tokens[:1500], tokens[1500:]
+    recipe = tiny_recipe()
+    kw = {"aux_alpha": 0.01, "z_coef": 1e-3}
+    run = train_variant_seed(recipe, "moe_aux", kw, 3, train_ids, val_ids)
+    # the same run by hand: init and batch order from seed 3
+    by_hand = moe_lm(config(), 4, 2, 16, generator=gen(3))
+    hist = train_lm(by_hand, train_ids, val_ids, {**recipe["train"], "seed": 3}, **kw)
+    assert run["val_loss"] == hist["val_loss"][-1] and run["val_curve"] == hist["val_loss"]
+    assert run["eval_steps"] == [0, 3] and run["seed"] == 3 and run["kwargs"] == kw
+    assert recipe["train"]["seed"] == 0 and recipe["init_seed"] == 0  # not mutated
+    other = train_variant_seed(recipe, "moe_aux", kw, 4, train_ids, val_ids)
+    assert other["val_loss"] != run["val_loss"]
+    # imbalance = max load / mean load per layer; top-2 of 4 experts: between 1 and N / k = 2
+    assert len(run["imbalance"]) == 2 and all(1.0 <= v <= 2.0 for v in run["imbalance"])
+    loads = torch.tensor(hist["load"][-1], dtype=torch.float64)
+    torch.testing.assert_close(torch.tensor(run["imbalance"], dtype=torch.float64),
+                               loads.max(-1).values / loads.mean(-1))
+    logits = [m.router_logits for m in moe_layers(by_hand)]
+    expected_z = [float(torch.logsumexp(z.double(), -1).pow(2).mean()) for z in logits]
+    assert run["router_z"] == pytest.approx(expected_z, rel=1e-5)
+    assert all(v > 0 for v in run["router_z"])
+    dense = train_variant_seed(recipe, "dense", {}, 0, train_ids, val_ids)
+    assert dense["imbalance"] == [] and dense["router_z"] == [] and dense["val_loss"] > 0
+    bias = train_variant_seed(recipe, "moe_bias", {"bias_rate": 0.01}, 0, train_ids, val_ids)
+    assert bias["val_loss"] > 0 and len(bias["imbalance"]) == 2
+    with pytest.raises(ValueError, match="kwargs"):
+        train_variant_seed(recipe, "moe_aux", {"alpha": 0.1}, 0, train_ids, val_ids)
+    with pytest.raises(ValueError, match="dense"):
+        train_variant_seed(recipe, "dense", {"z_coef": 1e-3}, 0, train_ids, val_ids)
+    with pytest.raises(ValueError, match="seed"):
+        train_variant_seed(recipe, "moe_aux", kw, -1, train_ids, val_ids)
+    with pytest.raises(ValueError, match="recipe"):
+        train_variant_seed({"train": {}}, "moe_aux", kw, 0, train_ids, val_ids)
+
+
+def test_seeds_variants_change_one_thing_at_a_time():
+    v = MOE_SEEDS_VARIANTS
+    assert v["moe_none"] == {} and v["dense"] == {}
+    for name in ("moe_z", "moe_switch", "moe_bias"):
+        assert len(v[name]) == 1
+    assert v["moe_aux"] == {**v["moe_z"], **v["moe_switch"]}
+    assert v["moe_aux"] == MOE_VS_DENSE_RECIPE["variants"]["moe_aux"]
+
+
+def _run(seed, loss, imb=(), z=()):
+    return {"seed": seed, "val_loss": loss, "imbalance": list(imb), "router_z": list(z)}
+
+
+def test_summarize_seeds_worked_example():
+    results = {"runs": {"moe_none": [_run(0, 1.0, (2, 4), (1, 1)), _run(1, 2.0, (3, 3), (2, 2)),
+                                     _run(2, 3.0, (4, 4), (3, 3))],
+                        "dense": [_run(0, 1.5), _run(1, 2.0), _run(2, 2.5)]}}
+    rows = {r["variant"]: r for r in summarize_seeds(results)}
+    t975 = 4.302652729749464  # scipy.stats.t.ppf(0.975, 2)
+    none = rows["moe_none"]
+    assert none["seeds"] == 3 and none["val_loss"] == pytest.approx(2.0)
+    assert none["val_loss_pm"] == pytest.approx(t975 / 3 ** 0.5)  # sd 1
+    assert none["imbalance"] == pytest.approx(10 / 3) and none["router_z"] == pytest.approx(2.0)
+    assert none["diff"] is None and none["diff_pm"] is None
+    dense = rows["dense"]
+    assert dense["imbalance"] is None and dense["router_z_pm"] is None
+    # paired: 0.5, 0, -0.5 -> mean 0, sd 0.5
+    assert dense["diff"] == pytest.approx(0.0) and dense["diff_pm"] == pytest.approx(t975 * 0.5 / 3 ** 0.5)
+    # unpaired the interval would be wider: the pairing removes the seed's shared part
+    assert dense["val_loss_pm"] == pytest.approx(t975 * 0.5 / 3 ** 0.5)
+    one = {r["variant"]: r for r in summarize_seeds({"runs": {"moe_none": [_run(0, 1.0)],
+                                                             "x": [_run(0, 1.25), _run(5, 9.0)]}})}
+    assert one["moe_none"]["val_loss_pm"] == 0.0 and one["x"]["diff"] == 0.25 and one["x"]["diff_pm"] == 0.0
+    with pytest.raises(ValueError, match="baseline"):
+        summarize_seeds(results, baseline="moe_z")
+    with pytest.raises(ValueError, match="level"):
+        summarize_seeds(results, level=1.5)
+    with pytest.raises(ValueError, match="runs"):
+        summarize_seeds({"runs": {}})
+    with pytest.raises(ValueError, match="non-empty list"):
+        summarize_seeds({"runs": {"moe_none": []}})

@@ -66,6 +66,7 @@ __all__ = [
     "family_setup",
     "reward_at_kl",
     "summarize_family",
+    "t_interval",
     "train_member",
 ]
 
@@ -336,8 +337,15 @@ def train_member(method: str, recipe: dict[str, Any], seed: int,
 # ---------------------------------------------------------------- the table
 
 
-def _interval(values: list[float], level: float) -> tuple[float, float]:
-    """Mean and the half-width of its Student-t interval at ``level`` (0 for one value)."""
+def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """The mean of ``values`` (independent runs, e.g. seeds) and the half-width of its
+    Student-t interval at ``level``: t_{(1+level)/2, m-1} s / sqrt(m), s the sample standard
+    deviation; the half-width is 0 for a single value. Used for every across-seed interval
+    of Parts V and VI (chapters 19 and 21)."""
+    if not values:
+        raise ValueError("values is empty: an interval needs at least one run")
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level!r}")
     from scipy.stats import t as student_t
 
     m = len(values)
@@ -369,7 +377,7 @@ def summarize_family(results: dict[str, Any], level: float = 0.95) -> list[dict[
             raise ValueError(f"runs[{method!r}] must be a non-empty list of runs")
         row: dict[str, Any] = {"method": method, "seeds": len(runs)}
         for key in ("reward", "kl"):
-            row[key], row[f"{key}_pm"] = _interval([float(r["final"][key]) for r in runs], level)
+            row[key], row[f"{key}_pm"] = t_interval([float(r["final"][key]) for r in runs], level)
         for key in ("wall_seconds", "forward_tokens", "backward_tokens", "generated_tokens"):
             row[key] = sum(r["compute"][key] for r in runs) / len(runs)
         rows.append(row)

@@ -24,6 +24,12 @@ book's standard-library docstrings and BPE tokenizer (chapters 1 and 10):
 
 It stores their validation curves, the training compute, the expert load per layer at
 every evaluation, and the weights of ``moe_aux`` (float16) for the notebook.
+
+:func:`train_variant_seed` trains one variant of that recipe with another seed (for both the
+initialisation and the batch order); ``data/make_moe_seeds.py`` runs the variants of
+:data:`MOE_SEEDS_VARIANTS` (one change at a time from the unbalanced MoE) over three seeds
+into ``data/moe_seeds/results.json``, and :func:`summarize_seeds` gives their means, paired
+differences and Student-t intervals (chapter 21, section 21.10).
 """
 
 from __future__ import annotations
@@ -41,8 +47,8 @@ from llmbook.training.train import evaluate, get_batch, param_groups
 from llmbook.transformer.model import TransformerConfig, TransformerLM
 from llmbook.validation import check_positive_int
 
-__all__ = ["MOE_VS_DENSE_RECIPE", "active_parameters", "auxiliary_losses", "load_moe_vs_dense",
-           "moe_layers", "moe_lm", "train_lm"]
+__all__ = ["MOE_SEEDS_VARIANTS", "MOE_VS_DENSE_RECIPE", "active_parameters", "auxiliary_losses",
+           "load_moe_vs_dense", "moe_layers", "moe_lm", "summarize_seeds", "train_lm", "train_variant_seed"]
 
 
 def moe_lm(config: TransformerConfig, num_experts: int, top_k: int, d_ff: int,
@@ -200,14 +206,14 @@ def _book_text_ids(recipe: dict[str, Any]) -> tuple[Tensor, Tensor]:
     return ids[:n_train], ids[n_train:]
 
 
-def _build(recipe: dict[str, Any], variant: str) -> TransformerLM:
+def _build(recipe: dict[str, Any], variant: str, expert_bias: bool | None = None) -> TransformerLM:
     config = TransformerConfig(**recipe["model"])
     gen = torch.Generator().manual_seed(recipe["init_seed"])
     if variant == "dense":
         return TransformerLM(config, generator=gen)
     m = recipe["moe"]
     return moe_lm(config, m["num_experts"], m["top_k"], m["d_ff"], generator=gen,
-                  expert_bias=variant == "moe_free")
+                  expert_bias=variant == "moe_free" if expert_bias is None else expert_bias)
 
 
 def _train_moe_vs_dense(recipe: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -253,3 +259,99 @@ def load_moe_vs_dense() -> tuple[TransformerLM, dict[str, Tensor], dict[str, Any
     loads = {k.removesuffix(".load"): v for k, v in tensors.items() if k.endswith(".load")}
     return model.eval(), loads, info
 
+
+
+# ---------------------------------------------------------------- the comparison over seeds
+
+#: Chapter 21's seeded comparison (``data/make_moe_seeds.py``): from the unbalanced MoE,
+#: one change at a time, plus the dense model. Each value holds :func:`train_lm`'s keywords.
+MOE_SEEDS_VARIANTS: dict[str, dict[str, float]] = {
+    "dense": {},
+    "moe_none": {},
+    "moe_z": {"z_coef": 0.001},
+    "moe_switch": {"aux_alpha": 0.01},
+    "moe_aux": {"aux_alpha": 0.01, "z_coef": 0.001},
+    "moe_bias": {"bias_rate": 0.001},
+}
+
+
+def train_variant_seed(recipe: dict[str, Any], variant: str, kwargs: dict[str, float], seed: int,
+                       train_ids: Tensor, val_ids: Tensor) -> dict[str, Any]:
+    """Train one variant of ``recipe`` (shaped as :data:`MOE_VS_DENSE_RECIPE`) with both
+    seeds, the initialisation's ``init_seed`` and the batch order's ``train["seed"]``, set
+    to ``seed``; ``kwargs`` go to :func:`train_lm`, and ``variant == "dense"`` builds the
+    dense model (any other name an MoE one, with a selection bias when ``bias_rate`` > 0).
+
+    Returns ``val_loss`` (final), ``val_curve``, ``imbalance`` (per MoE layer, max over
+    mean of the expert loads on the first validation batch at the end, 1 = balanced),
+    ``router_z`` (per layer, the mean squared logsumexp of the router logits on that batch,
+    :func:`~llmbook.scale.moe.router_z_loss`) and ``seconds``; the two lists are empty for
+    the dense model.
+    """
+    import time
+
+    if not isinstance(recipe, dict) or not {"train", "model", "init_seed"} <= recipe.keys():
+        raise ValueError("recipe must be a dict shaped as MOE_VS_DENSE_RECIPE")
+    if not isinstance(kwargs, dict) or not set(kwargs) <= {"aux_alpha", "z_coef", "bias_rate"}:
+        raise ValueError(f"kwargs must hold only aux_alpha, z_coef, bias_rate; got {kwargs!r}")
+    if variant == "dense" and kwargs:
+        raise ValueError("the dense variant takes no balancing kwargs")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    run = {**recipe, "init_seed": seed, "train": {**recipe["train"], "seed": seed}}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        start = time.perf_counter()
+        model = _build(run, variant, expert_bias=kwargs.get("bias_rate", 0.0) > 0)
+        hist = train_lm(model, train_ids, val_ids, run["train"], **kwargs)
+        seconds = time.perf_counter() - start
+    finally:
+        torch.set_num_threads(threads)
+    layers = moe_layers(model)  # after train_lm's last evaluation: logits of the first val batch
+    imbalance = [max(load) * len(load) for load in hist["load"][-1]] if layers else []
+    router_z = [float(router_z_loss(m.router_logits)) for m in layers]
+    return {"variant": variant, "seed": seed, "kwargs": dict(kwargs), "val_loss": hist["val_loss"][-1],
+            "val_curve": hist["val_loss"], "eval_steps": hist["eval_steps"], "imbalance": imbalance,
+            "router_z": router_z, "seconds": seconds}
+
+
+def summarize_seeds(results: dict[str, Any], baseline: str = "moe_none",
+                    level: float = 0.95) -> list[dict[str, Any]]:
+    """One row per variant of ``data/moe_seeds/results.json``: means over seeds with
+    Student-t intervals (t with seeds - 1 degrees of freedom; half-width 0 for one seed).
+
+    ``results["runs"]`` maps a variant to its :func:`train_variant_seed` records. Each row:
+    ``variant``, ``seeds``, ``val_loss`` / ``val_loss_pm`` (mean final validation loss and
+    the half-width of its ``level`` interval), ``imbalance`` / ``imbalance_pm`` and
+    ``router_z`` / ``router_z_pm`` (each run's mean over layers first; None for the dense
+    model), and ``diff`` / ``diff_pm``: the variant's loss minus ``baseline``'s, paired by
+    seed (the seeds both have), with its interval (None for the baseline itself).
+    """
+    from llmbook.alignment.preference_training import t_interval
+
+    if not isinstance(results, dict) or not isinstance(results.get("runs"), dict) or not results["runs"]:
+        raise ValueError("results must be a dict with a non-empty 'runs' dict (variant -> list of runs)")
+    if baseline not in results["runs"]:
+        raise ValueError(f"baseline {baseline!r} is not among the variants {sorted(results['runs'])}")
+    if isinstance(level, bool) or not isinstance(level, int | float) or not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level!r}")
+    base = {r["seed"]: r["val_loss"] for r in results["runs"][baseline]}
+    rows = []
+    for variant, runs in results["runs"].items():
+        if not isinstance(runs, list) or not runs:
+            raise ValueError(f"runs[{variant!r}] must be a non-empty list of runs")
+        row: dict[str, Any] = {"variant": variant, "seeds": len(runs)}
+        row["val_loss"], row["val_loss_pm"] = t_interval([r["val_loss"] for r in runs], level)
+        for key in ("imbalance", "router_z"):
+            if runs[0][key]:
+                row[key], row[f"{key}_pm"] = t_interval([sum(r[key]) / len(r[key]) for r in runs], level)
+            else:
+                row[key] = row[f"{key}_pm"] = None
+        paired = [r["val_loss"] - base[r["seed"]] for r in runs if r["seed"] in base]
+        if variant == baseline or not paired:
+            row["diff"] = row["diff_pm"] = None
+        else:
+            row["diff"], row["diff_pm"] = t_interval(paired, level)
+        rows.append(row)
+    return rows
