@@ -29,7 +29,8 @@ different lengths run together, left-padded (:func:`left_pad`), with the padding
 
 :func:`run_ai_feedback` runs both stages on chapter 17's task (:data:`AI_FEEDBACK_RECIPE`,
 driven by ``data/make_ai_feedback.py``): reward models from AI and from true labels (chapter
-17's trainer), then best-of-n (:func:`best_of_n_gold`, :func:`best_of_n_kl`) and chapter
+17's trainer), then best-of-n (:func:`best_of_n_gold`; its KL from chapter 18b's
+:func:`~llmbook.alignment.overoptimisation.best_of_n_kl`) and chapter
 18's PPO against each.
 """
 
@@ -44,6 +45,7 @@ import sympy as sp
 import torch
 from torch import Tensor
 
+from llmbook.alignment.overoptimisation import best_of_n_kl  # chapter 18b derives it
 from llmbook.inference.kvcache import KVCache
 from llmbook.transformer.model import TransformerLM
 from llmbook.validation import check_finite, check_positive_int
@@ -446,12 +448,6 @@ def best_of_n_gold(gold: Tensor, scores: Tensor, ns: Sequence[int]) -> list[floa
         pick = scores[:, :n].argmax(1)  # (M,): the first maximum
         out.append(float(gold[torch.arange(gold.shape[0]), pick].double().mean()))
     return out
-
-
-def best_of_n_kl(n: int) -> float:
-    """The bound log n - (n - 1)/n on KL(best-of-n || sampler), in nats (Beirami et al., 2024)."""
-    n = check_positive_int("n", n)
-    return math.log(n) - (n - 1) / n
 
 
 def _train_rm(base: TransformerLM, data: Any, recipe: dict[str, Any], test: Any) -> tuple[Any, dict[str, Any]]:
