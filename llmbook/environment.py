@@ -17,7 +17,9 @@ __all__ = ["REQUIREMENTS", "PackageStatus", "check_environment", "environment_ta
 
 #: Package (import name) -> (minimum version, what the book uses it for).
 REQUIREMENTS: dict[str, tuple[str, str]] = {
-    "torch": ("2.4", "tensors, autograd, the models"),
+    # 2.5: scaled_dot_product_attention's enable_gqa (chapters 4, 13) and a fully masked row
+    # returned as zeros rather than NaN (chapter 4); check_environment runs both
+    "torch": ("2.5", "tensors, autograd, the models; SDPA with enable_gqa and fully masked rows"),
     "numpy": ("1.26", "arrays"),
     "sympy": ("1.13.3", "every derivation"),
     "matplotlib": ("3.8", "figures"),
@@ -73,6 +75,36 @@ def environment_table(requirements: dict[str, tuple[str, str]] | None = None) ->
     return [_status(name, req, purpose) for name, (req, purpose) in reqs.items()]
 
 
+def _attention_smoke_test() -> list[str]:
+    """What the chapters need of ``scaled_dot_product_attention`` (torch >= 2.5), as problems.
+
+    Grouped-query attention through ``enable_gqa=True`` (4 query heads sharing 2 key/value
+    heads) must equal the key/value heads repeated by hand, and a row whose mask is all
+    ``False`` must come back as zeros, not NaN.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    problems = []
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 3, 8, generator=g)
+    k, v = torch.randn(2, 1, 2, 3, 8, generator=g)
+    try:
+        gqa = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    except TypeError:
+        problems.append("torch's scaled_dot_product_attention has no enable_gqa (needs torch >= 2.5)")
+    else:
+        ref = F.scaled_dot_product_attention(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1))
+        if not torch.allclose(gqa, ref, atol=1e-6):
+            problems.append("scaled_dot_product_attention(enable_gqa=True) disagrees with repeated heads")
+    mask = torch.ones(3, 3, dtype=torch.bool)
+    mask[1] = False
+    row = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)[..., 1, :]
+    if not torch.equal(row, torch.zeros_like(row)):
+        problems.append("scaled_dot_product_attention gives a fully masked row that is not zero (needs torch >= 2.5)")
+    return problems
+
+
 def check_environment(requirements: dict[str, tuple[str, str]] | None = None, verbose: bool = True) -> list[PackageStatus]:
     """Print the environment table and raise ``RuntimeError`` if anything is missing or too old.
 
@@ -100,6 +132,7 @@ def check_environment(requirements: dict[str, tuple[str, str]] | None = None, ve
         (a @ a.T).sum().backward()
         if a.grad is None or not torch.isfinite(a.grad).all():
             problems.append("torch is installed but autograd does not work")
+        problems.extend(_attention_smoke_test())
     if problems:
         raise RuntimeError(
             "The environment is not ready for the book:\n  - " + "\n  - ".join(problems)

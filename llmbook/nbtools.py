@@ -410,6 +410,15 @@ def seed_everything(seed: int = 0) -> Any:
 
     Also asks PyTorch for deterministic algorithms where it has them, so that a
     notebook re-executed on the same machine prints the same numbers.
+
+    String hashing (the order in which a ``set`` of strings iterates) is fixed when an
+    interpreter starts, from the environment variable ``PYTHONHASHSEED``; setting it here
+    cannot change the running interpreter. It is set anyway because it reaches the
+    processes started afterwards (the ranks :func:`llmbook.scale.launch.launch` spawns).
+    The book's own kernels get ``PYTHONHASHSEED=0`` from where they are started: the
+    Makefile exports it (``make book``, ``make test``, ``make lab``) and
+    ``tools/sync_notebooks.py`` sets it when it is absent (``sys.flags.hash_randomization``
+    is 0 in an interpreter started with ``PYTHONHASHSEED=0``).
     """
     import torch
 

@@ -1,6 +1,10 @@
 """The notebook helpers: source display, the checks table, seeding, figures, environment check."""
 
+import os
 import random
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -118,6 +122,40 @@ def test_seed_everything_repeats_all_generators():
     assert draw() == draw()
 
 
+def _child_hash(env: dict[str, str]) -> int:
+    out = subprocess.run(
+        [sys.executable, "-c", "print(hash('llmbook'))"], env=env, capture_output=True, text=True, check=True
+    )
+    return int(out.stdout)
+
+
+def test_seed_everything_hash_seed_reaches_children_only(monkeypatch):
+    """PYTHONHASHSEED cannot change the running interpreter, only processes started later."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    before = hash("llmbook-" + str(id(object)))
+    seed_everything(7)
+    assert hash("llmbook-" + str(id(object))) == before  # the running interpreter is unchanged
+    assert os.environ["PYTHONHASHSEED"] == "7"
+    child = _child_hash(dict(os.environ))
+    fixed = _child_hash({**os.environ, "PYTHONHASHSEED": "7"})
+    other = _child_hash({**os.environ, "PYTHONHASHSEED": "8"})
+    assert child == fixed and child != other
+
+
+def test_book_kernels_start_with_hash_seed_zero():
+    """The Makefile exports PYTHONHASHSEED=0 and sync_notebooks sets it when absent."""
+    root = Path(__file__).resolve().parents[1]
+    assert re.search(r"^export PYTHONHASHSEED := 0$", (root / "Makefile").read_text(), re.M)
+    assert 'os.environ.setdefault("PYTHONHASHSEED", "0")' in (root / "tools" / "sync_notebooks.py").read_text()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    flag = subprocess.run(
+        [sys.executable, "-c", "import sys; print(sys.flags.hash_randomization)"],
+        env={**env, "PYTHONHASHSEED": "0"}, capture_output=True, text=True, check=True,
+    )
+    assert flag.stdout.strip() == "0"
+    assert _child_hash({**env, "PYTHONHASHSEED": "0"}) == _child_hash({**env, "PYTHONHASHSEED": "0"})
+
+
 def test_save_figure(tmp_path, monkeypatch):
     monkeypatch.setenv("LLMBOOK_FIGURES", str(tmp_path))
     fig, ax = plt.subplots()
@@ -161,6 +199,40 @@ def test_check_environment_names_what_is_missing():
     assert "numpy" in message and "older than 999.0" in message
     assert "no_such_package_xyz is not installed" in message
     assert "make setup" in message
+
+
+def test_requirements_agree_with_pyproject():
+    """Every minimum the environment check names is the lower bound pyproject.toml declares."""
+    import tomllib
+
+    deps = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["dependencies"]
+    bounds = {}
+    for dep in deps:
+        m = re.match(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9.]+)", dep)
+        if m:
+            bounds[m.group(1).lower()] = m.group(2)
+    for name, (minimum, _) in environment.REQUIREMENTS.items():
+        if name in bounds:
+            assert bounds[name] == minimum, name
+    assert environment.REQUIREMENTS["torch"][0] == bounds["torch"] == "2.5"
+
+
+def test_check_environment_names_torch_features(monkeypatch):
+    """An SDPA without enable_gqa, or one that gives NaN for a fully masked row, is reported."""
+    import torch.nn.functional as F
+
+    real = F.scaled_dot_product_attention
+
+    def old_sdpa(q, k, v, attn_mask=None):  # torch 2.4's signature: no enable_gqa
+        out = real(q, k, v, attn_mask=attn_mask)
+        if attn_mask is not None:
+            out = out.masked_fill(~attn_mask.any(-1, keepdim=True), float("nan"))
+        return out
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", old_sdpa)
+    with pytest.raises(RuntimeError) as info:
+        environment.check_environment(verbose=False)
+    assert "enable_gqa" in str(info.value) and "fully masked row" in str(info.value)
 
 
 def _sanitize(text):

@@ -59,6 +59,9 @@ def main(argv: list[str]) -> int:
         return 0
     # updating the book: its kernels write the committed figures (a reader's run does not)
     os.environ.setdefault("LLMBOOK_FIGURES", str(ROOT / "figures"))
+    # string hashing is fixed when the kernel starts: the Makefile exports 0, and a direct run
+    # of this tool gives its kernels the same
+    os.environ.setdefault("PYTHONHASHSEED", "0")
     for py in chapter_sources(names):
         nb = read_source(py)
         seconds = execute(nb)
