@@ -15,16 +15,24 @@ from torch.utils.flop_counter import FlopCounterMode
 from llmbook.training.scaling import (
     CHINCHILLA_CONSTANTS,
     ISOFLOP_RESULTS,
+    MUENNIGHOFF_R_STAR,
+    SIZE_SWEEP_RESULTS,
     ChinchillaConstants,
     PowerLawFit,
     chinchilla_loss,
     compute_optimal,
+    counted_training_flops,
+    effective_data,
     fit_isoflop_parabola,
     fit_power_law,
     get_constants,
     golden_section_minimize,
+    inference_breakeven_tokens,
+    inference_optimal,
     isoflop_sweep,
     optimal_exponents,
+    predict_power_law,
+    size_sweep,
     tokens_per_parameter,
     training_flops,
 )
@@ -424,3 +432,216 @@ def test_scaling_command_runs_a_small_sweep_with_progress(tmp_path, capsys):
     assert [(r["d_model"], r["steps"], r["N"]) for r in runs] == [(12, 12, 1764)]
     printed = capsys.readouterr().out
     assert "C = 3e+08, d = 12: 12 steps, val loss" in printed and f"wrote 1 runs to {out}" in printed
+
+
+# ---------------------------------------------------------------- issue 27: intervals, counted FLOPs, size sweep
+
+
+def test_predict_power_law_worked_example():
+    # log y = log 2 - 0.5 log x + e with residuals e = (0.1, -0.1, -0.1, 0.1) at x = 1, e, e^2, e^3
+    u = np.arange(4.0)
+    e = np.array([0.1, -0.1, -0.1, 0.1])
+    out = predict_power_law(np.exp(u), 2.0 * np.exp(-0.5 * u + e), [math.exp(5.0)], level=0.9)
+    # e is orthogonal to 1 and to u - 1.5, so the fit is exact: alpha = 0.5, a = 2, SS_res = 0.04
+    assert out.fit.alpha == pytest.approx(0.5, rel=1e-12) and out.fit.a == pytest.approx(2.0, rel=1e-12)
+    s, t = math.sqrt(0.04 / 2), 2.919985580355516  # t_{0.95, 2}
+    assert out.alpha_interval == pytest.approx((0.5 - t * s / math.sqrt(5.0), 0.5 + t * s / math.sqrt(5.0)))
+    half = t * s * math.sqrt(1 + 1 / 4 + (5 - 1.5) ** 2 / 5.0)
+    assert out.predicted == pytest.approx([2.0 * math.exp(-2.5)], rel=1e-12)
+    assert out.lower == pytest.approx([2.0 * math.exp(-2.5 - half)], rel=1e-12)
+    assert out.upper == pytest.approx([2.0 * math.exp(-2.5 + half)], rel=1e-12)
+
+
+def test_predict_power_law_matches_scipy_linregress():
+    from scipy import stats
+
+    rng = np.random.default_rng(5)
+    x = np.logspace(1, 4, 9)
+    y = 0.7 + 3.0 * x**-0.4 * np.exp(0.1 * rng.standard_normal(9))
+    out = predict_power_law(x, y, [2e4, 5e4, 1e5], offset=0.7, averaged=3)
+    r = stats.linregress(np.log(x), np.log(y - 0.7))
+    t = stats.t.ppf(0.975, 7)
+    assert out.alpha_interval == pytest.approx((-r.slope - t * r.stderr, -r.slope + t * r.stderr), rel=1e-10)
+    assert out.predicted == pytest.approx(0.7 + np.exp(r.intercept + r.slope * np.log([2e4, 5e4, 1e5])), rel=1e-10)
+    assert np.all(out.lower < out.predicted) and np.all(out.predicted < out.upper)
+    wider = predict_power_law(x, y, [2e4, 5e4, 1e5], offset=0.7)  # one new point: a wider interval
+    assert np.all(wider.upper - wider.lower > out.upper - out.lower)
+
+
+def test_predict_power_law_covers_at_its_level():
+    """Over many simulated data sets, the 90% intervals cover the true exponent and a new
+    observation about 90% of the time (binomial standard deviation 0.0095 at 1,000 trials)."""
+    rng = np.random.default_rng(0)
+    x = np.logspace(2, 4, 6)
+    x_new = 3e4
+    hits_alpha = hits_new = 0
+    for _ in range(1000):
+        y = 5.0 * x**-0.3 * np.exp(0.05 * rng.standard_normal(6))
+        y_new = 5.0 * x_new**-0.3 * math.exp(0.05 * rng.standard_normal())
+        out = predict_power_law(x, y, [x_new], level=0.9)
+        hits_alpha += out.alpha_interval[0] <= 0.3 <= out.alpha_interval[1]
+        hits_new += out.lower[0] <= y_new <= out.upper[0]
+    assert abs(hits_alpha / 1000 - 0.9) < 4 * 0.0095
+    assert abs(hits_new / 1000 - 0.9) < 4 * 0.0095
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"level": 1.0}, ValueError, "level"),
+    ({"averaged": 0}, ValueError, "averaged"),
+    ({"offset": "fit"}, TypeError, "offset"),
+])
+def test_predict_power_law_errors(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        predict_power_law([1.0, 2.0, 4.0], [1.0, 0.7, 0.5], [8.0], **kwargs)
+    with pytest.raises(ValueError, match="at least 3"):
+        predict_power_law([1.0, 2.0], [1.0, 0.7], [8.0])
+    with pytest.raises(ValueError, match="x_new"):
+        predict_power_law([1.0, 2.0, 4.0], [1.0, 0.7, 0.5], [-8.0])
+
+
+@pytest.mark.parametrize(("config", "T"), [
+    (TransformerConfig.llama_style(vocab_size=16, d_model=24, n_layers=2, n_heads=3, n_kv_heads=1,
+                                   max_seq_len=40), 40),
+    (TransformerConfig.gpt2_style(vocab_size=50, d_model=32, n_layers=3, n_heads=4, max_seq_len=64), 17),
+])
+def test_counted_training_flops_equal_real_counter_and_closed_form(config, T):
+    counted = counted_training_flops(config, T)
+    assert counted == 3 * T * flops_per_token(config, T)  # the closed form of chapter 7
+    model = TransformerLM(config, generator=torch.Generator().manual_seed(0))  # real tensors, same count
+    model.set_fused_attention(False)
+    ids = torch.randint(0, config.vocab_size, (1, T), generator=torch.Generator().manual_seed(1))
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(ids).reshape(-1, config.vocab_size), ids.reshape(-1)).backward()
+    assert counted == counter.get_total_flops()
+
+
+def test_counted_training_flops_errors():
+    config = TransformerConfig.llama_style(vocab_size=16, d_model=8, n_layers=1, n_heads=1, max_seq_len=8)
+    with pytest.raises(TypeError, match="config"):
+        counted_training_flops({"d_model": 8}, 4)
+    for bad in (0, 9, 4.0, True):
+        with pytest.raises(ValueError, match="seq_len"):
+            counted_training_flops(config, bad)
+
+
+def test_size_sweep_runs_every_shape_and_seed():
+    out = size_sweep(shapes=((8, 1), (16, 2)), seeds=(0, 1), steps=4, batch_size=4, context_length=8)
+    assert [(r["d_model"], r["n_layers"], r["seed"]) for r in out["runs"]] == [
+        (8, 1, 0), (16, 2, 0), (8, 1, 1), (16, 2, 1)]
+    assert [r["N"] for r in out["runs"][:2]] == [1048, 8272]  # non-embedding counts, as in chapter 11
+    assert out["runs"][0]["N_total"] == 1048 + 2 * 16 * 8
+    assert all(r["D"] == 4 * 4 * 8 and 1.5 < r["val_loss"] < 3.5 for r in out["runs"])
+    assert out["runs"][0]["val_loss"] != out["runs"][2]["val_loss"]  # another seed, another run
+
+
+def test_shipped_size_sweep_is_consistent():
+    data = json.loads(SIZE_SWEEP_RESULTS.read_text())
+    assert data["made_by"] == "data/make_scaling_sweep.py" and "cpu" in data["made"]
+    shapes = sorted({(r["d_model"], r["n_layers"]) for r in data["runs"]})
+    assert len(data["runs"]) == len(shapes) * len(data["seeds"]) >= 12
+    for r in data["runs"]:
+        assert data["entropy_rate"] < r["val_loss"] < math.log(16)
+        assert r["D"] == data["steps"] * data["batch_size"] * data["context_length"]
+
+
+# ---------------------------------------------------------------- issue 27: data-constrained and inference-aware
+
+
+def test_effective_data_worked_examples():
+    assert MUENNIGHOFF_R_STAR == 15.4
+    assert effective_data(1e9, 1e9) == pytest.approx(1e9, rel=1e-15)  # one epoch: all fresh
+    # four epochs: R = 3, D' = U (1 + 15.4 (1 - e^(-3/15.4))) = 3.725877... U
+    assert effective_data(1e9, 4e9) == pytest.approx(1e9 * (1 + 15.4 * (1 - math.exp(-3 / 15.4))), rel=1e-14)
+    assert effective_data(1e9, 4e9) / 4e9 == pytest.approx(0.931469, abs=1e-6)
+    assert effective_data(1.0, 1e6) == pytest.approx(16.4, rel=1e-12)  # saturates at U (1 + R*)
+    assert effective_data(np.array([1.0, 2.0]), np.array([[3.0], [4.0]])).shape == (2, 2)
+
+
+def test_effective_data_is_the_integral_of_decaying_repetitions():
+    """D' = U + U * integral_0^R exp(-k / R*) dk, by scipy's quadrature."""
+    from scipy.integrate import quad
+
+    for epochs, r_star in ((1.5, 15.4), (4.0, 15.4), (40.0, 15.4), (7.0, 3.0)):
+        integral, _ = quad(lambda k, rs=r_star: math.exp(-k / rs), 0.0, epochs - 1.0)
+        assert effective_data(2.5, 2.5 * epochs, r_star) == pytest.approx(2.5 * (1 + integral), rel=1e-12)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.floats(1e6, 1e12), st.floats(1.0, 1e3), st.floats(0.5, 50.0))
+def test_effective_data_between_unique_and_total(u, epochs, r_star):
+    d_eff = effective_data(u, u * epochs, r_star)
+    assert u * (1 - 1e-12) <= d_eff <= u * epochs * (1 + 1e-12)  # never worse than U, never better than D
+    assert d_eff <= u * (1 + r_star) * (1 + 1e-12)
+    assert effective_data(u, u * epochs * 1.5, r_star) >= d_eff  # more repetitions never lose value
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    ((2.0, 1.0), "total_tokens must be >="),
+    ((0.0, 1.0), "unique_tokens"),
+    ((1.0, 2.0, 0.0), "r_star"),
+    ((1.0, 2.0, True), "r_star"),
+])
+def test_effective_data_errors(args, match):
+    with pytest.raises(ValueError, match=match):
+        effective_data(*args)
+
+
+@pytest.mark.parametrize("name", sorted(CHINCHILLA_CONSTANTS))
+def test_inference_optimal_without_inference_is_compute_optimal(name):
+    """With D_inf = 0 the optimum is Chinchilla's for the same loss: found here by bisecting
+    the budget C until the compute-optimal loss equals the target."""
+    target = 2.3
+    lo, hi = math.log(1e15), math.log(1e28)
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if chinchilla_loss(*compute_optimal(math.exp(mid), name), name) > target:
+            lo = mid
+        else:
+            hi = mid
+    n_ref, d_ref = compute_optimal(math.exp(lo), name)
+    n, d = inference_optimal(target, 0.0, name)
+    assert n == pytest.approx(n_ref, rel=1e-6) and d == pytest.approx(d_ref, rel=1e-6)
+    assert chinchilla_loss(n, d, name) == pytest.approx(target, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(CHINCHILLA_CONSTANTS))
+def test_inference_optimal_matches_scipy_and_breakeven(name):
+    from scipy.optimize import minimize_scalar
+
+    c = get_constants(name)
+    target, d_inf = 2.4, 1e13
+    n, d = inference_optimal(target, d_inf, name)
+
+    def cost(log_n):
+        nn = math.exp(log_n)
+        rest = target - c.E - c.A * nn**-c.alpha
+        return math.inf if rest <= 0 else 6 * nn * (c.B / rest) ** (1 / c.beta) + 2 * nn * d_inf
+
+    ref = minimize_scalar(cost, bracket=(math.log(n) - 1, math.log(n), math.log(n) + 1),
+                          options={"xtol": 1e-12})
+    assert n == pytest.approx(math.exp(ref.x), rel=1e-5)
+    assert inference_breakeven_tokens(n, d, name) == pytest.approx(d_inf, rel=1e-4)  # the round trip
+    n0, d0 = inference_optimal(target, 0.0, name)
+    assert n < n0 and d > d0  # serving tokens makes the best model smaller, trained longer
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.floats(1e7, 1e11), st.floats(1.0, 1e4))
+def test_inference_breakeven_round_trip(n, ratio):
+    d = n * ratio
+    d_inf = inference_breakeven_tokens(n, d)
+    if d_inf > 0:  # smaller than compute-optimal: some amount of inference makes it optimal
+        n_back, d_back = inference_optimal(chinchilla_loss(n, d, "besiroglu2024"), d_inf)
+        assert n_back == pytest.approx(n, rel=1e-5) and d_back == pytest.approx(d, rel=1e-4)
+
+
+def test_inference_breakeven_zero_at_compute_optimal_and_errors():
+    n, d = compute_optimal(1e22, "besiroglu2024")
+    assert inference_breakeven_tokens(n, d) == pytest.approx(0.0, abs=1e-8 * d)
+    assert inference_breakeven_tokens(4 * n, d / 4) < 0  # over-sized: no inference makes it optimal
+    with pytest.raises(ValueError, match="loss must exceed"):
+        inference_optimal(1.5, 1e12)
+    with pytest.raises(ValueError, match="inference_tokens"):
+        inference_optimal(2.5, -1.0)
+    with pytest.raises(ValueError, match="N must be"):
+        inference_breakeven_tokens(0.0, 1e9)

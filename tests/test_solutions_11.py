@@ -105,3 +105,28 @@ def test_exercise_5_emergence_threshold():
     assert max(widths) - min(widths) < 1e-12
     with pytest.raises(ValueError, match="level"):
         solutions.emergence_threshold(c, alpha, 6, 1.0)
+
+
+def test_exercise_6a_repeated_data():
+    from llmbook.training.scaling import effective_data
+
+    k, r_star = sp.symbols("k R_star", positive=True)
+    (k_half,) = sp.solve(sp.Eq(sp.exp(-k / r_star), sp.Rational(1, 2)), k)
+    assert solutions.half_value_epoch(15.4) == pytest.approx(1 + float(k_half.subs(r_star, 15.4)), rel=1e-14)
+    assert solutions.half_value_epoch(15.4) == pytest.approx(11.674, abs=1e-3)
+    epochs = solutions.epochs_at_efficiency(0.9)
+    assert effective_data(1.0, epochs) / epochs == pytest.approx(0.9, abs=1e-9)
+    R = sp.symbols("R", positive=True)
+    ref = sp.nsolve((1 + 15.4 * (1 - sp.exp(-R / 15.4))) / (1 + R) - 0.9, R, 4.0)
+    assert epochs == pytest.approx(1 + float(ref), rel=1e-9)
+    assert 5.0 < epochs < 6.0  # between the 4 epochs of 93% and the 8 of 83% (chapter table)
+    with pytest.raises(ValueError, match="q"):
+        solutions.epochs_at_efficiency(1.0)
+
+
+def test_exercise_6b_inference_savings():
+    rows = solutions.inference_savings()
+    assert rows[0]["N"] == pytest.approx(7e9, rel=1e-6) and rows[0]["saving"] == pytest.approx(0.0, abs=1e-9)
+    assert all(r["saving"] > 0 for r in rows[1:])
+    assert all(a["N"] > b["N"] and a["D"] < b["D"] for a, b in zip(rows, rows[1:], strict=False))
+    assert all(0 < a["saving"] < b["saving"] < 1 for a, b in zip(rows[1:], rows[2:], strict=False))

@@ -50,16 +50,25 @@ from llmbook.paths import data_path
 __all__ = [
     "CHINCHILLA_CONSTANTS",
     "ISOFLOP_RESULTS",
+    "SIZE_SWEEP_RESULTS",
+    "effective_data",
     "fit_isoflop_parabola",
+    "inference_breakeven_tokens",
+    "inference_optimal",
     "isoflop_sweep",
     "ChinchillaConstants",
     "PowerLawFit",
+    "PowerLawPrediction",
     "chinchilla_loss",
+    "MUENNIGHOFF_R_STAR",
     "compute_optimal",
+    "counted_training_flops",
     "fit_power_law",
     "get_constants",
     "golden_section_minimize",
     "optimal_exponents",
+    "predict_power_law",
+    "size_sweep",
     "tokens_per_parameter",
     "training_flops",
 ]
@@ -188,6 +197,74 @@ def fit_power_law(x: object, y: object, offset: float | str | None = None) -> Po
                        residuals=residuals, offset_fitted=fitted)
 
 
+@dataclass(frozen=True)
+class PowerLawPrediction:
+    """The result of :func:`predict_power_law`: a fit, the interval of its exponent, and
+    prediction intervals for new observations.
+
+    Attributes:
+        fit: the :class:`PowerLawFit` of the points given.
+        alpha_interval: ``(lo, hi)``, the Student-t confidence interval of ``alpha`` at ``level``.
+        x_new: ``(m,)`` the sizes predicted.
+        predicted: ``(m,)`` ``E + a x_new^(-alpha)``.
+        lower, upper: ``(m,)`` the prediction interval at each ``x_new`` (of one new observation,
+            or of the mean of ``averaged`` new observations, of ``log(y - E)``).
+        level: the coverage asked for, e.g. 0.95.
+    """
+
+    fit: PowerLawFit
+    alpha_interval: tuple[float, float]
+    x_new: np.ndarray
+    predicted: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    level: float
+
+
+def predict_power_law(x: object, y: object, x_new: object, level: float = 0.95,
+                      offset: float | None = None, averaged: int = 1) -> PowerLawPrediction:
+    """Fit ``y = E + a x^(-alpha)`` (``E = offset``, default 0) to ``n >= 3`` points and predict
+    new observations at ``x_new``, with the intervals of ordinary least squares in log space.
+
+    With ``u = log x``, ``v = log(y - E)``, residual variance ``s^2 = SS_res / (n - 2)``,
+    ``S_uu = sum (u - mean u)^2`` and ``t = t_{(1 + level)/2, n - 2}``:
+
+        alpha in  alpha_hat -+ t s / sqrt(S_uu),
+        v_new in  v_hat(u_new) -+ t s sqrt(1/m + 1/n + (u_new - mean u)^2 / S_uu)
+
+    (the textbook intervals of a straight-line regression with independent normal errors,
+    e.g. Montgomery, Peck and Vining, "Introduction to Linear Regression Analysis", section
+    2.4), where ``v_new`` is the mean of ``m = averaged`` new observations of ``log(y - E)``
+    (``m = 1``: one new observation). The prediction interval is mapped back through
+    ``y = E + exp(v)``. It covers with probability ``level`` only if the points scatter independently around a
+    true power law; a curve that bends away from the line shows up as points outside it.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level!r}")
+    if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int | float)):
+        raise TypeError(f"offset must be a number or None, got {type(offset).__name__}")
+    if isinstance(averaged, bool) or not isinstance(averaged, int) or averaged < 1:
+        raise ValueError(f"averaged must be a positive int (new observations averaged), got {averaged!r}")
+    fit = fit_power_law(x, y, offset=offset)
+    u = np.log(_as_1d_positive("x", x))
+    n = u.size
+    if n < 3:
+        raise ValueError(f"intervals need at least 3 points (n - 2 degrees of freedom), got {n}")
+    u_new = np.log(_as_1d_positive("x_new", np.atleast_1d(np.asarray(x_new, dtype=np.float64))))
+    from scipy.stats import t as student_t
+
+    s = math.sqrt(float(fit.residuals @ fit.residuals) / (n - 2))
+    s_uu = float(np.sum((u - u.mean()) ** 2))
+    t = float(student_t.ppf(0.5 + level / 2, n - 2))
+    half_alpha = t * s / math.sqrt(s_uu)
+    v_hat = math.log(fit.a) - fit.alpha * u_new
+    half_pred = t * s * np.sqrt(1.0 / averaged + 1.0 / n + (u_new - u.mean()) ** 2 / s_uu)
+    return PowerLawPrediction(
+        fit=fit, alpha_interval=(fit.alpha - half_alpha, fit.alpha + half_alpha), x_new=np.exp(u_new),
+        predicted=fit.E + np.exp(v_hat), lower=fit.E + np.exp(v_hat - half_pred),
+        upper=fit.E + np.exp(v_hat + half_pred), level=level)
+
+
 def golden_section_minimize(f: Callable[[float], float], lo: float, hi: float,
                             tol: float = 1e-10, max_iter: int = 500) -> float:
     """The minimiser of a unimodal ``f`` on ``[lo, hi]`` by golden-section search.
@@ -232,6 +309,38 @@ def training_flops(N: float | np.ndarray, D: float | np.ndarray) -> float | np.n
     n, dd = _check_positive("N", N), _check_positive("D", D)
     out = 6.0 * n * dd
     return float(out) if np.ndim(out) == 0 else out
+
+
+def counted_training_flops(config: Any, seq_len: int) -> int:
+    """FLOPs of one forward and backward pass of ``TransformerLM(config)`` on one sequence of
+    ``seq_len`` tokens, as ``torch.utils.flop_counter.FlopCounterMode`` counts them.
+
+    The model is built on PyTorch's ``meta`` device (shapes only: nothing is allocated or
+    computed, so a 7B shape costs no memory) with the book's unfused attention, whose score
+    and value products the counter can see; the loss is the cross-entropy of the logits
+    against the (zero) ids. The counter adds 2 FLOPs per multiply-add of every matrix product
+    dispatched, independently of ``llmbook.transformer.sizing``'s closed form, so the two
+    are a check on each other. Divide by ``seq_len`` for FLOPs per token.
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from llmbook.transformer.model import TransformerConfig, TransformerLM
+
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= config.max_seq_len:
+        raise ValueError(f"seq_len must be an int from 1 to config.max_seq_len = {config.max_seq_len}, "
+                         f"got {seq_len!r}")
+    with torch.device("meta"):
+        model = TransformerLM(config)
+    model.set_fused_attention(False)
+    ids = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
+    with FlopCounterMode(display=False) as counter:
+        logits = model(ids)
+        F.cross_entropy(logits.reshape(-1, config.vocab_size), ids.reshape(-1)).backward()
+    return int(counter.get_total_flops())
 
 
 # ---------------------------------------------------------------- Chinchilla
@@ -336,6 +445,81 @@ def tokens_per_parameter(C: float | np.ndarray,
     return d_opt / n_opt
 
 
+# ---------------------------------------------------------------- beyond compute-optimal
+
+MUENNIGHOFF_R_STAR = 15.4
+"""Muennighoff et al. (2023), "Scaling Data-Constrained Language Models", equation 5: the
+fitted decay constant ``R_D*`` of the value of repeated tokens (in epochs)."""
+
+
+def effective_data(unique_tokens: float | np.ndarray, total_tokens: float | np.ndarray,
+                   r_star: float = MUENNIGHOFF_R_STAR) -> float | np.ndarray:
+    """The effective data ``D' = U + U R* (1 - exp(-R / R*))`` of ``D`` tokens drawn from ``U``
+    unique ones, ``R = D / U - 1`` the repetitions beyond the first epoch.
+
+    Muennighoff et al. (2023, equation 5): the ``k``-th repetition of the data is worth
+    ``exp(-k / R*)`` of fresh data, integrated over ``0 <= k <= R``, so ``D'`` starts as ``D``
+    (a few epochs are nearly as good as new tokens) and saturates at ``U (1 + R*)``. Arrays
+    broadcast; ``D >= U > 0`` (tokens), ``r_star > 0``.
+    """
+    u, d = _check_positive("unique_tokens", unique_tokens), _check_positive("total_tokens", total_tokens)
+    if not (isinstance(r_star, int | float) and not isinstance(r_star, bool) and math.isfinite(r_star)
+            and r_star > 0):
+        raise ValueError(f"r_star must be a finite number > 0, got {r_star!r}")
+    if np.any(d < u):
+        raise ValueError("total_tokens must be >= unique_tokens (at least one epoch), got "
+                         f"{float(np.min(d - u)):.4g} fewer")
+    repeats = d / u - 1.0
+    out = u + u * r_star * -np.expm1(-repeats / r_star)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def inference_optimal(loss: float, inference_tokens: float,
+                      constants: str | ChinchillaConstants = "besiroglu2024") -> tuple[float, float]:
+    """``(N, D_train)`` reaching ``L(N, D_train) = loss`` at the least lifetime compute
+    ``6 N D_train + 2 N D_inf`` (training plus ``D_inf = inference_tokens`` tokens served).
+
+    Sardana et al. (2024), "Beyond Chinchilla-Optimal: Accounting for Inference in Language
+    Model Scaling Laws", section 2. On the loss's level set ``D(N) = (B / (loss - E - A
+    N^-alpha))^(1/beta)``, which needs ``N > (A / (loss - E))^(1/alpha)``; the cost falls
+    and then rises in ``log N``, and :func:`golden_section_minimize` finds its minimum. With
+    ``inference_tokens = 0`` it is Chinchilla's compute-optimal point for that loss.
+    """
+    c = get_constants(constants)
+    if not (isinstance(loss, int | float) and math.isfinite(loss) and loss > c.E):
+        raise ValueError(f"loss must exceed the fit's floor E = {c.E}, got {loss!r}")
+    if not (isinstance(inference_tokens, int | float) and math.isfinite(inference_tokens)
+            and inference_tokens >= 0):
+        raise ValueError(f"inference_tokens must be finite and >= 0, got {inference_tokens!r}")
+    log_n_min = math.log(c.A / (loss - c.E)) / c.alpha  # below it no D reaches the loss
+
+    def log_cost(log_n: float) -> float:
+        n = math.exp(log_n)
+        d = (c.B / (loss - c.E - c.A * n**-c.alpha)) ** (1.0 / c.beta)
+        return math.log(6.0 * n * d + 2.0 * n * inference_tokens)
+
+    lo = log_n_min + 1e-9
+    log_n = golden_section_minimize(log_cost, lo, lo + math.log(1e8), tol=1e-12)
+    n = math.exp(log_n)
+    return n, (c.B / (loss - c.E - c.A * n**-c.alpha)) ** (1.0 / c.beta)
+
+
+def inference_breakeven_tokens(N: float, D: float,
+                               constants: str | ChinchillaConstants = "besiroglu2024") -> float:
+    """The tokens served ``D_inf`` for which a model of ``N`` parameters trained on ``D`` tokens
+    is the inference-optimal way (:func:`inference_optimal`) to reach its own loss:
+
+        D_inf = 3 D (alpha A N^-alpha / (beta B D^-beta) - 1)
+
+    (the first-order condition of ``6 N D + 2 N D_inf`` on the level set of ``L(N, D)``,
+    derived in notebooks/11_scaling_laws). Zero at the compute-optimal balance; negative when
+    the model is larger than compute-optimal, so that no amount of inference makes it optimal.
+    """
+    c = get_constants(constants)
+    n, d = float(_check_positive("N", N)), float(_check_positive("D", D))
+    return 3.0 * d * (c.alpha * c.A * n**-c.alpha / (c.beta * c.B * d**-c.beta) - 1.0)
+
+
 def fit_isoflop_parabola(N: object, loss: object, points: int | None = None
                          ) -> tuple[float, np.ndarray]:
     """Fit ``loss = c2 u^2 + c1 u + c0`` with ``u = log N`` (least squares) and return the
@@ -368,6 +552,35 @@ def fit_isoflop_parabola(N: object, loss: object, points: int | None = None
 
 
 ISOFLOP_RESULTS = data_path("scaling", "isoflop_sweep.json")
+SIZE_SWEEP_RESULTS = data_path("scaling", "size_sweep.json")
+
+
+def _train_and_score(d_model: int, n_layers: int, steps: int, batch_size: int, context_length: int,
+                     warmup_steps: int, train_tokens: Any, val_tokens: Any, seed: int) -> dict[str, Any]:
+    """Train one Llama-style model of chapter 11's sweeps (V = 16, heads of width 8, or one head
+    below d = 16; lr 1e-2 -> 1e-3, no weight decay) and score it on held-out windows from
+    position 2 (nats/token). Returns its sizes and validation loss."""
+    import torch
+
+    from llmbook.nbtools import seed_everything
+    from llmbook.training.train import TrainConfig, evaluate, train
+    from llmbook.transformer.model import TransformerConfig, TransformerLM
+    from llmbook.transformer.sizing import parameter_shares
+
+    config = TransformerConfig.llama_style(vocab_size=16, d_model=d_model, n_layers=n_layers,
+                                           n_heads=max(1, d_model // 8), max_seq_len=context_length)
+    shares = parameter_shares(config)
+    seed_everything(seed)
+    model = TransformerLM(config, generator=torch.Generator().manual_seed(seed))
+    cfg = TrainConfig(steps=steps, batch_size=batch_size, context_length=context_length,
+                      lr=1e-2, min_lr=1e-3, warmup_steps=warmup_steps,
+                      weight_decay=0.0, eval_every=None, seed=seed)
+    train(model, train_tokens, None, cfg)
+    val = evaluate(model, val_tokens, batch_size=64, context_length=context_length,
+                   num_batches=24, first_position=2)  # the same windows for every model
+    return {"d_model": d_model, "n_layers": n_layers, "N": shares["total"] - shares["embeddings"],
+            "N_total": shares["total"], "steps": steps, "D": steps * batch_size * context_length,
+            "seed": seed, "val_loss": round(val, 4)}
 
 
 def isoflop_sweep(budgets: Sequence[float] = (1e10, 3e10, 1e11),
@@ -387,10 +600,8 @@ def isoflop_sweep(budgets: Sequence[float] = (1e10, 3e10, 1e11),
     """
     import torch
 
-    from llmbook.nbtools import seed_everything
     from llmbook.text.data import default_source
-    from llmbook.training.train import TrainConfig, evaluate, train
-    from llmbook.transformer.model import TransformerConfig, TransformerLM
+    from llmbook.transformer.model import TransformerConfig
     from llmbook.transformer.sizing import parameter_shares
 
     torch.set_num_threads(1)
@@ -399,28 +610,53 @@ def isoflop_sweep(budgets: Sequence[float] = (1e10, 3e10, 1e11),
     runs = []
     for C in budgets:
         for d in widths:
-            config = TransformerConfig.llama_style(vocab_size=16, d_model=d, n_layers=1,
-                                                   n_heads=max(1, d // 8), max_seq_len=context_length)
-            shares = parameter_shares(config)
-            n_nonemb = shares["total"] - shares["embeddings"]
-            steps = round(C / (6 * n_nonemb * batch_size * context_length))
+            shares = parameter_shares(TransformerConfig.llama_style(
+                vocab_size=16, d_model=d, n_layers=1, n_heads=max(1, d // 8), max_seq_len=context_length))
+            steps = round(C / (6 * (shares["total"] - shares["embeddings"]) * batch_size * context_length))
             if not 10 <= steps <= max_steps:
                 continue
-            seed_everything(seed)
-            model = TransformerLM(config, generator=torch.Generator().manual_seed(seed))
-            cfg = TrainConfig(steps=steps, batch_size=batch_size, context_length=context_length,
-                              lr=1e-2, min_lr=1e-3, warmup_steps=max(1, steps // 10),
-                              weight_decay=0.0, eval_every=None, seed=seed)
-            train(model, train_tokens, None, cfg)
-            val = evaluate(model, val_tokens, batch_size=64, context_length=context_length,
-                           num_batches=24, first_position=2)
-            runs.append({"C": C, "d_model": d, "N": n_nonemb, "steps": steps,
-                         "D": steps * batch_size * context_length, "val_loss": round(val, 4)})
+            run = _train_and_score(d, 1, steps, batch_size, context_length, max(1, steps // 10),
+                                   train_tokens, val_tokens, seed)
+            runs.append({"C": C, "d_model": d, "N": run["N"], "steps": steps, "D": run["D"],
+                         "val_loss": run["val_loss"]})
             if log is not None:  # progress: one line per finished run
                 log(runs[-1])
     return {"entropy_rate": source.entropy_rate(), "batch_size": batch_size,
             "context_length": context_length, "runs": runs,
             "made_by": "python -m llmbook.training.scaling"}
+
+
+def size_sweep(shapes: Sequence[tuple[int, int]] = ((8, 1), (12, 1), (16, 1), (16, 2), (24, 2),
+                                                     (32, 2), (40, 2), (64, 2)),
+               seeds: Sequence[int] = (0, 1, 2), steps: int = 300, batch_size: int = 32,
+               context_length: int = 32,
+               log: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train chapter 11's sweep of model sizes on the synthetic source and return the results.
+
+    Every ``(d_model, n_layers)`` in ``shapes`` trains with every seed in ``seeds`` (the seed
+    draws the data sample, the initialisation and the batches) for the same ``steps`` steps of
+    ``batch_size x context_length`` tokens, with a warmup of a tenth of the steps and a cosine
+    decay; each run is scored from position 2 of held-out windows (nats/token). One thread:
+    repeatable on one machine, within about 1e-3 on another. ``data/make_scaling_sweep.py``
+    writes the result to :data:`SIZE_SWEEP_RESULTS`.
+    """
+    import torch
+
+    from llmbook.text.data import default_source
+
+    torch.set_num_threads(1)
+    source = default_source()
+    runs = []
+    for seed in seeds:
+        train_tokens, val_tokens = source.train_val(num_train=400_000, num_val=50_000, seed=seed)
+        for d, layers in shapes:
+            runs.append(_train_and_score(d, layers, steps, batch_size, context_length, steps // 10,
+                                         train_tokens, val_tokens, seed))
+            if log is not None:
+                log(runs[-1])
+    return {"entropy_rate": source.entropy_rate(), "steps": steps, "batch_size": batch_size,
+            "context_length": context_length, "lr": [1e-2, 1e-3], "warmup_steps": steps // 10,
+            "seeds": list(seeds), "runs": runs}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,11 +8,14 @@ import numpy as np
 import sympy as sp
 
 from llmbook.training.scaling import (
+    MUENNIGHOFF_R_STAR,
     ChinchillaConstants,
     chinchilla_loss,
     compute_optimal,
+    effective_data,
     fit_power_law,
     get_constants,
+    inference_optimal,
     optimal_exponents,
     tokens_per_parameter,
     training_flops,
@@ -154,6 +157,58 @@ def emergence_threshold(c: float, alpha: float, L: int, level: float = 0.5) -> d
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level!r}")
     return {"p": level ** (1 / L), "N": (L * c / -math.log(level)) ** (1 / alpha)}
+
+
+# ---------------------------------------------------------------- exercise 6
+
+
+def half_value_epoch(r_star: float = MUENNIGHOFF_R_STAR) -> float:
+    """Exercise 6a: the epoch at which one more pass is worth half a pass of fresh tokens.
+
+    The ``k``-th repetition is worth ``exp(-k / R*)`` (Muennighoff et al., 2023); it is one
+    half at ``k = R* log 2``, that is in epoch ``1 + R* log 2`` (10.7 repetitions after the
+    first pass for ``R* = 15.4``).
+    """
+    return 1.0 + r_star * math.log(2.0)
+
+
+def epochs_at_efficiency(q: float = 0.9, r_star: float = MUENNIGHOFF_R_STAR) -> float:
+    """Exercise 6a: the number of epochs ``D / U`` at which ``D' / D`` has fallen to ``q``.
+
+    ``D' / D = (1 + R* (1 - exp(-R / R*))) / (1 + R)`` falls from 1 as ``R`` grows, so a
+    bisection on ``R`` in ``[0, 1e6]`` finds where it equals ``q`` (to 1e-12).
+    """
+    if not 0 < q < 1:
+        raise ValueError(f"q must be in (0, 1), got {q!r}")
+    lo, hi = 0.0, 1e6
+    while hi - lo > 1e-12 * max(1.0, hi):
+        mid = (lo + hi) / 2
+        if effective_data(1.0, 1.0 + mid, r_star) / (1.0 + mid) > q:
+            lo = mid
+        else:
+            hi = mid
+    return 1.0 + (lo + hi) / 2
+
+
+def inference_savings(n_ref: float = 7e9, served: tuple[float, ...] = (0.0, 1e12, 1e13, 1e14),
+                      constants: str | ChinchillaConstants = "besiroglu2024") -> list[dict[str, float]]:
+    """Exercise 6b: reach the loss of the compute-optimal ``n_ref``-parameter model and serve
+    ``D_inf`` tokens. For each ``D_inf``, the inference-optimal ``N`` and ``D``
+    (:func:`inference_optimal`) and the fraction of lifetime compute ``6 N D + 2 N D_inf``
+    saved against the compute-optimal model (which serves the same tokens).
+    """
+    c = get_constants(constants)
+    g = (c.alpha * c.A / (c.beta * c.B)) ** (1.0 / (c.alpha + c.beta))
+    a, _ = optimal_exponents(c)
+    d_ref = compute_optimal(6.0 * (n_ref / g) ** (1.0 / a), c)[1]  # the budget whose N_opt is n_ref
+    target = chinchilla_loss(n_ref, d_ref, c)
+    rows = []
+    for d_inf in served:
+        n, d = inference_optimal(target, d_inf, c)
+        ref_cost = 6 * n_ref * d_ref + 2 * n_ref * d_inf
+        rows.append({"D_inf": d_inf, "N": n, "D": d,
+                     "saving": 1.0 - (6 * n * d + 2 * n * d_inf) / ref_cost})
+    return rows
 
 
 if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
