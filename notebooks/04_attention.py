@@ -20,7 +20,8 @@
 #    softmax without the scale;
 # 3. the causal mask that makes a decoder unable to read the future, and a published
 #    hand-computed example, rechecked: its attention has no mask;
-# 4. multi-head attention as nothing more than a reshape, and its grouped-query variants;
+# 4. multi-head attention as nothing more than a reshape, its grouped-query variants, and two
+#    guards of current models against saturating scores, QK-norm and logit soft-capping;
 # 5. the cost: $O(T^2 d)$ operations, counted in closed form and measured.
 #
 # Everything is checked against PyTorch's own attention, `torch.nn.MultiheadAttention` and
@@ -57,7 +58,10 @@ from llmbook.transformer.attention import (
     causal_mask,
     minimal_multi_head_attention,
     scaled_dot_product_attention,
+    soft_cap,
 )
+from llmbook.transformer.layers import RMSNorm
+from llmbook.transformer.model import QKNormAttention
 
 g = seed_everything(0)
 torch.set_default_dtype(torch.float32)
@@ -319,58 +323,114 @@ checks
 # %% [markdown]
 # Why does the variance matter? The softmax only sees differences of scores. Scores with
 # standard deviation $\sqrt{d_k}$ differ by tens when $d_k$ is in the hundreds, and then
-# $e^{s_j}$ for the largest score dwarfs all others: the softmax **saturates** into a
+# $e^{s_j}$ for the largest score dwarfs all others: the softmax **saturates** towards a
 # one-hot vector. A saturated softmax also stops learning, because its Jacobian
 # $\partial p / \partial s = \operatorname{diag}(p) - p p^\top$ (derived in chapter 3) is zero
 # at a one-hot $p$.
 # The figure draws one query against $T = 32$ random keys, 400 times for each $d_k$,
 # and measures the entropy of the attention row (in nats; at most $\log 32 = 3.47$ for
-# uniform weights) and the size of the softmax Jacobian, with and without the scale.
+# uniform weights; $e^{H}$ is the number of keys a row of entropy $H$ spreads over, in the
+# sense that $k$ equal weights give $H = \log k$) and the size of the softmax Jacobian, with
+# and without the scale. It does so under two assumptions about $q$ and $k$: the idealised
+# unit-variance components of the argument above, and GPT-2's initialisation, whose
+# components have the variance $\sigma^2 = d s^2 = 0.3072$ derived above, so that
+# $\operatorname{Var}(q \cdot k) = d_k\sigma_q^2\sigma_k^2 = 0.0944\,d_k$. Scaling $q$ and $k$ by
+# $\sigma$ multiplies every score by $\sigma^2$, so both assumptions use the same random draws.
 
 # %%
+sigma2_init = float(gpt2_var)  # Var(q_j) at GPT-2's initialisation, derived above
+
+
 def softmax_stats(d_, scaled, n=400, T_keys=32):
+    """Row entropy (mean, standard error) and mean Jacobian norm of the attention softmax,
+    for unit-variance q, k and for components of variance sigma2_init: a (2, 3) array."""
     q_ = torch.randn(n, 1, d_, generator=g, dtype=torch.float64)
     k_ = torch.randn(n, T_keys, d_, generator=g, dtype=torch.float64)
-    scores = (q_ * k_).sum(-1) / (math.sqrt(d_) if scaled else 1.0)  # (n, T_keys)
-    p_ = torch.softmax(scores, dim=-1)
-    entropy = -(p_ * torch.log(p_.clamp_min(1e-300))).sum(-1)
-    jac = torch.diag_embed(p_) - p_[:, :, None] * p_[:, None, :]  # (n, T_keys, T_keys)
-    return entropy.mean().item(), torch.linalg.matrix_norm(jac).mean().item()
+    dots = (q_ * k_).sum(-1) / (math.sqrt(d_) if scaled else 1.0)  # (n, T_keys)
+    rows = []
+    for var_qk in (1.0, sigma2_init):  # q -> sigma q and k -> sigma k multiply the scores by sigma^2
+        p_ = torch.softmax(var_qk * dots, dim=-1)
+        entropy = -(p_ * torch.log(p_.clamp_min(1e-300))).sum(-1)  # (n,)
+        jac = torch.diag_embed(p_) - p_[:, :, None] * p_[:, None, :]  # (n, T_keys, T_keys)
+        rows.append([entropy.mean().item(), entropy.std().item() / math.sqrt(n),
+                     torch.linalg.matrix_norm(jac).mean().item()])
+    return np.array(rows)
 
 
 d_grid = [2**e for e in range(1, 13)]
-stats = {sc: np.array([softmax_stats(d_, sc) for d_ in d_grid]) for sc in (True, False)}
+stats = {sc: np.array([softmax_stats(d_, sc) for d_ in d_grid]) for sc in (True, False)}  # (d, 2, 3)
+print("mean entropy of an attention row, nats (e^H = number of keys it spreads over):")
 for sc in (True, False):
-    print(f"{'with' if sc else 'without'} 1/sqrt(d_k): entropy at d_k=2: {stats[sc][0, 0]:.2f}, "
-          f"at d_k=4096: {stats[sc][-1, 0]:.2f} nats")
+    for a, name in enumerate(("unit-variance q, k", "GPT-2 initialisation")):
+        row = "  ".join(f"d_k={d_}: {stats[sc][d_grid.index(d_), a, 0]:.2f}" for d_ in (2, 64, 128, 4096))
+        print(f"  {'with' if sc else 'without'} 1/sqrt(d_k), {name:21s} {row}")
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-for sc, style in ((True, "o-"), (False, "s--")):
-    label = r"scores $q\cdot k/\sqrt{d_k}$" if sc else r"scores $q\cdot k$ (no scale)"
-    axes[0].plot(d_grid, stats[sc][:, 0], style, label=label)
-    axes[1].plot(d_grid, stats[sc][:, 1], style, label=label)
+for sc, a, style in ((True, 0, "o-"), (False, 0, "s--"), (True, 1, "^-"), (False, 1, "v--")):
+    scores_label = r"$q\cdot k/\sqrt{d_k}$" if sc else r"$q\cdot k$ (no scale)"
+    label = scores_label + (", unit variance" if a == 0 else ", GPT-2 init")
+    axes[0].plot(d_grid, stats[sc][:, a, 0], style, label=label)
+    axes[1].plot(d_grid, stats[sc][:, a, 2], style, label=label)
 axes[0].axhline(math.log(32), color="gray", lw=0.8, ls=":", label="uniform: log 32")
 axes[0].set_ylabel("mean entropy of an attention row (nats)")
 axes[1].set_ylabel(r"mean $\|\mathrm{diag}(p) - pp^\top\|_F$ (dimensionless)")
 for ax in axes:
     ax.set_xscale("log", base=2)
     ax.set_xlabel(r"key width $d_k$")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="x-small")
 axes[0].set_title("Without the scale the softmax collapses to one key")
 axes[1].set_title("... and its Jacobian (the gradient signal) vanishes")
 save_figure(fig, "04_attention_scaling")
 plt.show()
 
 # %% [markdown]
-# With the scale (circles) both curves are flat: the scores have unit variance for every
-# $d_k$, so an attention row spreads over several keys and passes gradient. Without it
-# (squares) the entropy falls towards 0 as $d_k$ grows, and after a small rise (at $d_k = 8$
-# the unscaled scores are spread just enough to make the softmax most sensitive) the Jacobian
-# falls with it; at the head
-# width of GPT-2 and Llama ($d_k = 64$ and $128$) the unscaled softmax is already nearly
-# one-hot at initialisation.
+# With the scale (circles, triangles) the curves are flat: the scaled scores have a variance
+# that does not depend on $d_k$, so an attention row spreads over several keys and passes
+# gradient. Without it (squares) the entropy falls towards 0 as $d_k$ grows, and after a small
+# rise (at $d_k = 8$ the unscaled scores are spread just enough to make the softmax most
+# sensitive) the Jacobian falls with it. How far it has fallen at the head widths of GPT-2 and
+# Llama ($d_k = 64$ and $128$) depends on the assumption. With unit-variance queries and keys
+# the unscaled softmax is already concentrated: the rows spread over fewer than two keys
+# ($e^H < 2$). At GPT-2's initialisation the scores are $\sigma^2 \approx 0.31$ times smaller, and
+# the unscaled rows still spread over more than four keys at $d_k = 64$: well below uniform,
+# not one-hot. The collapse without the scale comes later, as training makes $q$ and $k$ larger
+# and more aligned. The scaled rows at initialisation are nearly uniform; for scores of small
+# variance $v$ a second-order expansion of $H = \log\sum_j e^{s_j} - \sum_j p_j s_j$ gives
+# $\mathbb{E}[H] \approx \log T - v(T-1)/(2T)$, here with $v = \sigma^4$, and the neglected terms are
+# of order $v^2$.
 #
+# The checks compare the idealised curves with those statements, and the GPT-2 curve, which
+# uses only the derived variance, with attention rows of the real GPT-2-sized layer drawn
+# above (its first 32 keys, $d_k = 64$, 256 queries in each of 12 heads; each head has its own
+# weights, so the standard error comes from the spread of the 12 head means):
+
+# %%
+def row_entropy(scores):
+    p_ = torch.softmax(scores, dim=-1)
+    return -(p_ * torch.log(p_.clamp_min(1e-300))).sum(-1)
+
+
+i64 = d_grid.index(64)
+real_unscaled = row_entropy(8.0 * scores_init[:, :, :32]).mean(-1)  # (H,): q.k without the 1/8
+real_scaled = row_entropy(scores_init[:, :, :32]).mean(-1)
+small_var = math.log(32) - sigma2_init**2 * 31 / 64  # log T - v (T - 1) / (2T), v = sigma^4
+checks = Checks("attention entropy at initialisation: the two assumptions")
+for d_ in (64, 128):
+    checks.true(f"unit variance, no scale, d_k={d_}: e^H < 2 keys",
+                math.exp(stats[False][d_grid.index(d_), 0, 0]) < 2,
+                got=round(math.exp(stats[False][d_grid.index(d_), 0, 0]), 2))
+checks.true("GPT-2 init, no scale, d_k=64: e^H > 4 keys", math.exp(stats[False][i64, 1, 0]) > 4,
+            got=round(math.exp(stats[False][i64, 1, 0]), 2))
+for name, real, sc in (("no scale", real_unscaled, False), ("scaled", real_scaled, True)):
+    se = math.hypot(real.std().item() / math.sqrt(12), stats[sc][i64, 1, 1])
+    checks.close(f"GPT-2 init, {name}, d_k=64: real layer vs variance model (4 s.e.)",
+                 stats[sc][i64, 1, 0], real.mean(), tol=4 * se)
+checks.close("GPT-2 init, scaled: log T - v(T-1)/(2T), to O(v^2)", small_var, stats[True][i64, 1, 0],
+             tol=4 * stats[True][i64, 1, 1] + sigma2_init**4)
+checks
+
+# %% [markdown]
 # ## 4.4 The causal mask
 #
 # A language model predicts token $t+1$ from tokens $1, \dots, t$ (chapter 3). If the
@@ -445,8 +505,9 @@ plt.show()
 # embedding, so in the unmasked panel rows 0 and 4 are identical, but under the causal mask
 # they differ, because they see different prefixes. Attention by itself does not know
 # *where* a token is, only what it is and what it may see; positions are chapter 5.
-# The checks: causal outputs do not move when the future changes, rows sum to one, and a
-# fully masked row is zero here and in PyTorch:
+# The checks: causal outputs do not move when the future changes; the weights equal PyTorch's
+# (its `scaled_dot_product_attention` returns them when the values are the identity matrix,
+# $A I = A$); and a fully masked row is zero here and in PyTorch:
 
 # %%
 x2 = x_demo.clone()
@@ -460,7 +521,8 @@ checks = Checks("causal mask")
 checks.close("outputs 0..4 unchanged by token 5", y1[0, :5], y2[0, :5], tol=0)
 change_5 = (y1[0, 5] - y2[0, 5]).abs().max().item()
 checks.true("output 5 did change (max |diff| > 1e-3)", change_5 > 1e-3, got=round(change_5, 3))
-checks.close("rows of A sum to 1", torch.ones(2, 6), A_causal.sum(-1), tol=1e-6)
+checks.close("A vs torch SDPA with V = I", F.scaled_dot_product_attention(qd, kd, torch.eye(6), is_causal=True),
+             A_causal, tol=1e-6)
 checks.close("upper triangle of A is 0", torch.zeros(2, 6, 6), A_causal.triu(1), tol=0)
 checks.close("is_causal vs torch SDPA", F.scaled_dot_product_attention(qd, kd, kd, is_causal=True),
              scaled_dot_product_attention(qd, kd, kd, is_causal=True), tol=1e-6, rel=True)
@@ -513,7 +575,9 @@ table
 # The source's attention step is right: no number is an *error*. A few last digits are off:
 # one scaled score and one output are truncated instead of rounded, one weight is what the
 # source's own rounded scores give, and the remaining slips are under 1.5 units of the
-# fourth decimal (the published rows of $A$ sum to 1.0001, 1.0000 and 1.0001). What the
+# fourth decimal. The published rows of $A$ sum to 1.0001, 1.0000 and 1.0001, which is no
+# slip: three weights each rounded to four decimals can miss their exact sum of 1 by up to
+# $3 \times 0.5 \times 10^{-4}$, a bound the check below applies. What the
 # source does not say is that **its attention has no causal mask**: the first row ("the")
 # puts 0.3549 on "cat" and 0.3081 on "sat", words that come after it. That is an encoder's
 # attention. In a decoder,
@@ -525,9 +589,13 @@ table
 checks = Checks('published "the cat sat": the causal version')
 checks.close("published A row 'sat' = causal row 'sat'", pub("A")[2], A_pub_causal[2], tol=1.5e-4)
 checks.close("causal z_the = v_the", V_pub[0], Z_pub_causal[0], tol=1e-15)
-checks.close("causal A, row 'cat' (exact)", [0.4585, 0.5415, 0.0], A_pub_causal[1], tol=5e-5)
-checks.equal("published rows of A sum to", [1.0001, 1.0, 1.0001],
-             [round(v, 6) for v in pub("A").sum(-1).tolist()])
+# two keys: the softmax is the logistic function of the score difference
+cat_logistic = 1 / (1 + math.exp((S_pub[1, 1] - S_pub[1, 0]).item() / math.sqrt(2)))
+checks.close("causal A, row 'cat' vs logistic of the score gap", [cat_logistic, 1 - cat_logistic, 0.0],
+             A_pub_causal[1], tol=1e-15)
+checks.close("published rows of A sum to 1 within 3 half-units of 1e-4", torch.ones(3, dtype=torch.float64),
+             pub("A").sum(-1), tol=1.5e-4 + 1e-12)
+print("published row sums of A:", [round(v, 6) for v in pub("A").sum(-1).tolist()])
 checks
 
 # %% [markdown]
@@ -580,8 +648,9 @@ print(f"claim's mask: {int(A_claim.isnan().sum())} of {A_claim.numel()} attentio
 checks = Checks("claim C4 on SmolLM2's first attention layer (float64)")
 checks.equal("NaN weights with the claim's mask", A_claim.numel(), int(A_claim.isnan().sum()))
 checks.close("right additive mask vs book's causal attention", out_causal, out_right, tol=1e-12)
-checks.close("rows of A sum to 1 (right mask)", torch.ones(1, 9, T_smol), A_right.sum(-1),
-             tol=1e-12)
+checks.close("A (right mask) vs torch SDPA with V = I", A_right,
+             F.scaled_dot_product_attention(q0, k0, torch.eye(T_smol, dtype=torch.float64).expand(1, 9, -1, -1),
+                                            is_causal=True, scale=attn0.scale), tol=1e-12)
 checks.close("future weights are 0 (right mask)", torch.zeros(1, 9, T_smol, T_smol),
              A_right.triu(1), tol=0)
 checks
@@ -749,6 +818,123 @@ checks.close("GQA fused (enable_gqa) vs book path", gqa_out, gqa(x), tol=1e-14)
 checks
 
 # %% [markdown]
+# ### QK-norm and logit soft-capping
+#
+# Nothing in attention stops the scores from growing during training: if $W_Q$ and $W_K$ grow,
+# the scores grow with the product of their sizes and the softmax saturates, the failure of
+# section 4.3 arriving late. Two guards are common in current models. **QK-norm** applies an
+# RMSNorm (chapter 6) with a learned gain to every head's query and key vectors before the
+# rotary embedding (Qwen3, Yang et al., 2025; OLMo 2, OLMo et al., 2024). With unit gains each
+# normalised vector has length $\sqrt{d_{\text{head}}}$, so by Cauchy-Schwarz every scaled score
+# lies in $[-\sqrt{d_{\text{head}}}, \sqrt{d_{\text{head}}}]$ whatever the weights. **Logit
+# soft-capping** (Gemma 2, Riviere et al., 2024) passes the scaled scores through
+# $s \mapsto c \tanh(s/c)$ with $c = 50$. SymPy gives its series and its slope:
+
+# %%
+s_sym, c_sym = sp.symbols("s c", positive=True)
+capped = c_sym * sp.tanh(s_sym / c_sym)
+display(sp.Eq(sp.Symbol(r"c\tanh(s/c)"), sp.series(capped, s_sym, 0, 6)),
+        sp.Eq(sp.Symbol(r"\lim_{s\to\infty} c\tanh(s/c)"), sp.limit(capped, s_sym, sp.oo)),
+        sp.Eq(sp.Symbol(r"\frac{d}{ds}\,c\tanh(s/c)\big|_{s=0}"), sp.diff(capped, s_sym).subs(s_sym, 0)))
+
+# %% [markdown]
+# Scores well below $c$ pass almost unchanged (the error is $s^3/(3c^2)$), and none can leave
+# $(-c, c)$. In the package, `QKNormAttention` (the attention of chapter 7's model when its
+# configuration asks for QK-norm) adds `q_norm` and `k_norm` with Qwen3's parameter names,
+# and `MultiHeadAttention(..., softcap=c)` caps the scores with `soft_cap`:
+
+# %%
+show_source(soft_cap)
+
+# %% [markdown]
+# The peers are Hugging Face's `Gemma2Attention` (its eager path, which computes the softmax
+# in float32) and `Qwen3Attention` (whose RMSNorm computes in float32), hence a tolerance of
+# float32 round-off in float64 runs, with the same
+# random weights and a small cap, 2.5, so that the capping matters; the rotation is again the
+# identity ($\cos = 1$, $\sin = 0$):
+
+# %%
+from transformers import Gemma2Config, Qwen3Config  # noqa: E402
+from transformers.models.gemma2.modeling_gemma2 import Gemma2Attention  # noqa: E402
+from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention  # noqa: E402
+
+d_g, H_g, Hkv_g, dh_g, T_g = 24, 4, 2, 8, 7
+gemma_cfg = Gemma2Config(hidden_size=d_g, num_attention_heads=H_g, num_key_value_heads=Hkv_g, head_dim=dh_g,
+                         query_pre_attn_scalar=dh_g, attn_logit_softcapping=2.5, num_hidden_layers=1,
+                         layer_types=["full_attention"])
+qwen_cfg = Qwen3Config(hidden_size=d_g, num_attention_heads=H_g, num_key_value_heads=Hkv_g, head_dim=dh_g,
+                       rms_norm_eps=1e-6, num_hidden_layers=1, layer_types=["full_attention"])
+gemma_cfg._attn_implementation, qwen_cfg._attn_implementation = "eager", "sdpa"
+ours_cap = MultiHeadAttention(d_g, H_g, Hkv_g, d_head=dh_g, softcap=2.5, dtype=torch.float64)
+ours_qk = QKNormAttention(d_g, H_g, Hkv_g, d_head=dh_g, eps=1e-6).double()  # scope "head", as Qwen3
+with torch.no_grad():
+    for m_ in (ours_cap, ours_qk):
+        for p_ in m_.parameters():
+            p_.copy_(torch.randn(p_.shape, generator=g, dtype=torch.float64))
+hf_cap = Gemma2Attention(gemma_cfg, layer_idx=0).double()
+hf_qk = Qwen3Attention(qwen_cfg, layer_idx=0).double()
+hf_cap.load_state_dict(ours_cap.state_dict())
+hf_qk.load_state_dict(ours_qk.state_dict())
+x_g = torch.randn(2, T_g, d_g, generator=g, dtype=torch.float64)
+rot0 = (torch.ones(2, T_g, dh_g, dtype=torch.float64), torch.zeros(2, T_g, dh_g, dtype=torch.float64))
+blocked_g = torch.zeros(T_g, T_g, dtype=torch.float64).masked_fill(~causal_mask(T_g), float("-inf"))[None, None]
+with torch.no_grad():
+    uncapped = MultiHeadAttention(d_g, H_g, Hkv_g, d_head=dh_g, dtype=torch.float64)
+    uncapped.load_state_dict(ours_cap.state_dict())
+    cap_gap = (ours_cap(x_g) - uncapped(x_g)).abs().max().item()
+    checks = Checks("soft-capping and QK-norm against Gemma 2 and Qwen3")
+    checks.close("softcap=2.5 vs Gemma2Attention (eager)", hf_cap(x_g, rot0, blocked_g)[0], ours_cap(x_g),
+                 tol=1e-6, rel=True)
+    checks.close("QKNormAttention vs Qwen3Attention", hf_qk(x_g, rot0, blocked_g)[0], ours_qk(x_g), tol=1e-6, rel=True)
+    checks.true("the cap changes the output (max |diff| > 0.01)", cap_gap > 1e-2, got=round(cap_gap, 3))
+checks
+
+# %% [markdown]
+# What each guard does as the weights grow: multiply $W_Q$ and $W_K$ of a GPT-2-sized head
+# ($d = 768$, $d_{\text{head}} = 64$, the initialisation of section 4.3) by $\alpha$, so that
+# the scores grow like $\alpha^2$, and measure the mean entropy of the attention rows over 32
+# keys, for the plain scores, the soft-capped ones ($c = 50$) and QK-norm with unit gains.
+
+# %%
+alphas = [1, 2, 4, 8, 16, 32]
+x_a = x_init[:32]  # (32, 768): unit-variance inputs of section 4.3, float64
+Wq_a, Wk_a = W_Q_init[:, :64], W_K_init[:, :64]  # one head's (768, 64) columns
+rms_unit = RMSNorm(64, dtype=torch.float64)
+guards = {"plain": [], "soft-cap c = 50": [], "QK-norm": []}
+for a_ in alphas:
+    q_a, k_a = x_a @ (a_ * Wq_a), x_a @ (a_ * Wk_a)  # (32, 64)
+    raw = q_a @ k_a.T / 8.0  # (32, 32) scaled scores
+    with torch.no_grad():
+        normed = rms_unit(q_a) @ rms_unit(k_a).T / 8.0
+    for name, sc_ in (("plain", raw), ("soft-cap c = 50", soft_cap(raw, 50.0)), ("QK-norm", normed)):
+        guards[name].append(row_entropy(sc_).mean().item())
+print("mean row entropy (nats) for alpha =", alphas)
+for name, ent in guards.items():
+    print(f"  {name:16s}", [round(e, 2) for e in ent])
+
+fig, ax = plt.subplots(figsize=(6.5, 3.8))
+for (name, ent), style in zip(guards.items(), ("o-", "s--", "^-"), strict=True):
+    ax.plot(alphas, ent, style, label=name)
+ax.axhline(math.log(32), color="gray", lw=0.8, ls=":", label="uniform: log 32")
+ax.set_xscale("log", base=2)
+ax.set_xlabel(r"weight growth $\alpha$ ($W_Q, W_K \to \alpha W_Q, \alpha W_K$)")
+ax.set_ylabel("mean entropy of an attention row (nats)")
+ax.set_title("Growing query/key weights: plain, soft-capped and QK-normed scores")
+ax.legend(fontsize="small")
+save_figure(fig, "04_attention_guards")
+plt.show()
+
+# %% [markdown]
+# The plain rows collapse onto one key as the weights grow. The soft-capped rows follow them
+# while the scores are well below $c$, then turn back up: once several scores are pressed
+# against $c$ they tie, and the row spreads over those keys. The cap bounds the scores (and
+# so the gradients' blow-up) but gives up their order among the largest. QK-norm makes the
+# scores independent of $\alpha$: the normalised vectors have length $\sqrt{64} = 8$, the
+# cosine of two random directions has variance $1/64$, so the scaled scores have variance 1,
+# and the entropy is that of the unit-variance, scaled curve of section 4.3; in a trained
+# model the learned gains set the sharpness instead of the weights' size.
+
+# %% [markdown]
 # ## 4.6 The cost of attention
 #
 # Count the floating-point operations of one layer on $T$ positions (batch 1). A product of an
@@ -799,7 +985,8 @@ checks
 # what FlashAttention (chapter 14) avoids.
 #
 # Finally the clock. We time `scaled_dot_product_attention` alone (no projections) for one
-# head of width $d = 64$ and eight lengths $T$ from 64 to 2048, on one CPU thread, taking the
+# head of width $d = 64$ and the nine lengths $T$ from 64 to 2048 of the grid below (the cell
+# prints how many), on one CPU thread, taking the
 # fastest of several runs, fit the slope of $\log(\text{time})$ against $\log T$ for
 # $T \ge 256$ (seven points), and draw the figure from the same measurements. What to
 # expect: the score matrix and the mix cost $4T^2 d$ operations, so if every operation cost
@@ -827,7 +1014,7 @@ for T_t in T_grid:
 torch.set_num_threads(n_threads)
 big = [t for t in T_grid if t >= 256]
 slope = np.polyfit(np.log(big), np.log([times[t] for t in big]), 1)[0]
-print("time per call (ms):", {t: round(1e3 * s, 3) for t, s in times.items()})
+print(f"{len(T_grid)} lengths; time per call (ms):", {t: round(1e3 * s, 3) for t, s in times.items()})
 print(f"log-log slope for T >= 256 ({len(big)} points): {slope:.2f}")
 
 fig, ax = plt.subplots(figsize=(6, 4))
@@ -858,7 +1045,9 @@ plt.show()
 #   $\sqrt{d_k}$ removes the dependence on the head width and keeps the softmax from
 #   saturating, which would also kill its gradient. With GPT-2's initialisation (std 0.02,
 #   $d = 768$) $\sigma^2 \approx 0.31$, so the scaled scores start with variance about 0.09,
-#   not 1.
+#   not 1, and the rows are nearly uniform. Even unscaled, at $d_k = 64$ they spread over more
+#   than four of 32 keys at that initialisation; the near one-hot collapse is what unit-variance
+#   (or, later in training, larger) queries and keys produce.
 # * The causal mask sets the future's scores to $-\infty$; the package aligns it top-left as
 #   PyTorch does, offers a bottom-right offset for KV caches, and returns zeros, not NaN, for
 #   a fully masked row. A published hand-computed example gets its numbers right to the last
@@ -867,6 +1056,9 @@ plt.show()
 #   in its minimal form; the full module adds GQA and MQA (shared KV heads by
 #   `repeat_interleave`), masks, biases, caches and fused kernels, accepts any leading batch
 #   dimensions, and equals the minimal version, PyTorch's and Hugging Face's layers.
+# * QK-norm bounds every scaled score by $\sqrt{d_{\text{head}}}$ and soft-capping maps scores
+#   into $(-c, c)$; both equal Qwen3's and Gemma 2's layers, and both keep growing weights
+#   from collapsing the attention rows (soft-capping only once scores near $c$).
 # * The cost is $8Td^2 + 4T^2d$ FLOPs (checked with `FlopCounterMode`), quadratic beyond
 #   $T = 2d$; the measured time grows more slowly than $T^2$ while fixed costs dominate,
 #   and can grow faster once the $T \times T$ matrices no longer fit in the caches.
@@ -894,3 +1086,9 @@ plt.show()
 #    $\partial L/\partial V$ without autograd (hint: $\partial L/\partial S = A \odot
 #    (G V^\top - \operatorname{rowsum}(A \odot G V^\top))$), and check against autograd in
 #    float64, with a causal mask.
+# 5. (★★) **What QK-norm guarantees.** With unit gains (and no $\varepsilon$) every scaled score
+#    of a QK-normed head lies in $[-\sqrt{d_{\text{head}}}, \sqrt{d_{\text{head}}}]$. Write
+#    `qk_norm_weight_floor(d_head, T)`, the smallest attention weight any key can then get in a
+#    row of $T$ keys, $1/(1 + (T - 1)e^{2\sqrt{d_{\text{head}}}})$; check that random queries
+#    and keys never go below it, and that the floor is reached when one key points opposite
+#    to the query and all others along it.

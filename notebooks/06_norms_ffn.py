@@ -22,12 +22,14 @@
 import math
 
 import matplotlib.pyplot as plt
+import mpmath as mp
 import numpy as np
 import sympy as sp
 import torch
 import torch.nn.functional as F
 import transformers
 from IPython.display import display
+from scipy import stats
 from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
@@ -263,8 +265,10 @@ show_source(RMSNorm)
 
 # %% [markdown]
 # Checks against `torch.nn.RMSNorm` and `LlamaRMSNorm` (same random gain) in float32,
-# bit-for-bit against `LlamaRMSNorm` in bfloat16, the Jacobian against autograd, the
-# invariances numerically, and `gradcheck`:
+# bit-for-bit against `LlamaRMSNorm` in bfloat16, and in float64 with a non-default
+# $\varepsilon = 10^{-5}$ on inputs whose mean square is about $\varepsilon$, where a wrong
+# $\varepsilon$ (or one added outside the square root) would show; then the Jacobian against
+# autograd, the invariances numerically, and `gradcheck`:
 
 # %%
 rms = RMSNorm(d)
@@ -279,6 +283,12 @@ rms64.load_state_dict(rms.state_dict())
 J_rms_auto = torch.stack([torch.autograd.functional.jacobian(rms64, X64[0, t]) for t in range(T)])
 J_rms_ours = rms_norm_jacobian(X64[0], rms64.weight.detach())  # (T, d, d)
 Xb = X.to(torch.bfloat16)
+X_tiny = 1e-3 * X64  # mean square about 1.3e-5: eps = 1e-5 is no longer negligible
+rms_eps5 = RMSNorm(d, eps=1e-5, dtype=torch.float64)
+torch_eps5 = torch.nn.RMSNorm(d, eps=1e-5, dtype=torch.float64)
+llama_eps5 = LlamaRMSNorm(d, eps=1e-5).double()
+for m_ in (rms_eps5, torch_eps5, llama_eps5):
+    m_.load_state_dict(rms64.state_dict())
 rms_scaled_eps = RMSNorm(d, eps=rms64.eps / 7.5**2, dtype=torch.float64)
 rms_scaled_eps.load_state_dict(rms64.state_dict())
 ln_scaled_eps = LayerNorm(d, eps=ln64.eps / 0.2**2, dtype=torch.float64)
@@ -289,6 +299,11 @@ checks = Checks("RMSNorm against PyTorch, Llama and its Jacobian")
 checks.close("RMSNorm vs torch.nn.RMSNorm (float32)", torch_rms(X), rms(X), tol=1e-6, rel=True)
 checks.close("RMSNorm vs LlamaRMSNorm (float32)", llama_rms(X), rms(X), tol=1e-6, rel=True)
 checks.close("RMSNorm vs LlamaRMSNorm (bfloat16 input)", llama_rms(Xb), rms(Xb), tol=0)
+checks.close("eps = 1e-5, mean square ~ eps: vs torch.nn.RMSNorm", torch_eps5(X_tiny), rms_eps5(X_tiny), tol=1e-14)
+checks.close("eps = 1e-5, mean square ~ eps: vs LlamaRMSNorm (float32 inside)", llama_eps5(X_tiny),
+             rms_eps5(X_tiny), tol=1e-6, rel=True)
+eps_gap = (rms_eps5(X_tiny) - rms64(X_tiny)).abs().max()
+checks.true("... where eps 1e-5 vs 1e-6 moves outputs by > 0.1", bool(eps_gap > 0.1), got=eps_gap)
 checks.close("Jacobian: closed form vs autograd (float64)", J_rms_auto, J_rms_ours, tol=1e-13)
 checks.close("RMS_eps(7.5 x) = RMS_{eps/7.5^2}(x)", rms_scaled_eps(X64), rms64(7.5 * X64), tol=1e-13)
 checks.close("LN_eps(0.2 x + 4) = LN_{eps/0.2^2}(x)", ln_scaled_eps(X64), ln64(0.2 * X64 + 4), tol=1e-13)
@@ -382,7 +397,8 @@ checks
 # Architecture") prove that at initialisation the last block's gradient stays the same size
 # for any $L$ in post-LN but shrinks like $1/\sqrt L$ in pre-LN: there the residual stream
 # $x_L$ is a sum of $L$ roughly independent terms, its scale $\mathrm{rms}(x_L)$ grows like
-# $\sqrt L$, and the final LayerNorm divides every gradient by it (its Jacobian carries $1/s$).
+# $\sqrt L$ (derived and fitted below), and the final LayerNorm divides every gradient by it
+# (its Jacobian carries $1/s$).
 
 # %%
 def random_stack(L, seed, d=64, d_ff=256):
@@ -424,6 +440,53 @@ for arch, res in runs.items():
     print(f"{'':8s} |dL/dx0| over seeds at L = {depths[-1]}:", np.round(np.sort(res[-1, :, 0]), 3))
 pre = runs["pre-LN"].mean(1)
 print("pre-LN |dL/dW_last| * rms(x_L):", np.round(pre[:, 1] * pre[:, 2], 2))
+
+# %% [markdown]
+# Is the growth of $\mathrm{rms}(x_L)$ really $\sqrt L$? A prediction first, made before looking
+# at the runs. In pre-LN each block adds $W_2\,\mathrm{GELU}(W_1\,\mathrm{LN}(x))$ to the stream.
+# $\mathrm{LN}(x)$ has mean square 1 (up to $\varepsilon$), so with $W_1 \sim \mathcal N(0, 1/d)$
+# every pre-activation is $\mathcal N(0, 1)$; with $W_2 \sim \mathcal N(0, 1/d_{ff})$ each output
+# component has variance $m = \mathbb{E}[\mathrm{GELU}_{\tanh}(z)^2]$, $z \sim \mathcal N(0, 1)$; and
+# fresh weights make the increments uncorrelated with the stream. So
+# $\mathbb{E}\,\mathrm{rms}(x_L)^2 = 1 + mL$ (the 1 is $x_0$): $\sqrt L$ only asymptotically, with
+# the local log-log slope $\tfrac12\,mL/(1 + mL)$. mpmath integrates $m$:
+
+# %%
+mp.mp.dps = 20
+m_gelu = float(mp.quad(lambda z: (z / 2 * (1 + mp.tanh(mp.sqrt(2 / mp.pi) * (z + mp.mpf("0.044715") * z**3))))**2
+                       * mp.npdf(z), [-mp.inf, 0, mp.inf]))
+print(f"m = E[GELU_tanh(z)^2] = {m_gelu:.6f}; predicted rms(x_L) = sqrt(1 + m L)")
+
+# %% [markdown]
+# Against the $4 \times 7$ measured values (four seeds at each depth), in log space: the
+# prediction (no free parameter), $a\sqrt L$, $aL$ and a constant $a$ (one fitted parameter
+# each, least squares), and a free power law $aL^b$, whose slope $b$ gets a 95% interval
+# from ordinary least squares. Only the deepest four depths ($L \ge 8$) go into the power
+# law, where the prediction's own local slope is between 0.39 and 0.48, so that fit is
+# compared with the same fit to the predicted curve.
+
+# %%
+L_all = np.repeat(np.array(depths, dtype=float), len(seeds))  # (28,)
+log_rms = np.log(runs["pre-LN"][:, :, 2].reshape(-1))  # (28,) depth-major, as L_all
+models = {"sqrt(1 + m L), derived": 0.5 * np.log1p(m_gelu * L_all)}
+for name, shape in (("a sqrt(L)", 0.5 * np.log(L_all)), ("a L", np.log(L_all)), ("a (constant)", 0 * L_all)):
+    models[name] = shape + (log_rms - shape).mean()  # least squares for the free log a
+rss = {name: float(((log_rms - pred) ** 2).sum()) for name, pred in models.items()}
+deep = L_all >= 8
+fit = stats.linregress(np.log(L_all[deep]), log_rms[deep])
+half_width = stats.t.ppf(0.975, deep.sum() - 2) * fit.stderr
+slope_pred = np.polyfit(np.log(L_all[deep]), 0.5 * np.log1p(m_gelu * L_all[deep]), 1)[0]
+for name, r in rss.items():
+    print(f"  {name:24s} residual sum of squares (log rms): {r:.3f}")
+print(f"power law on L >= 8: slope b = {fit.slope:.3f} +- {half_width:.3f} (95%); "
+      f"the prediction's slope there: {slope_pred:.3f}")
+checks = Checks("residual-stream growth in pre-LN: sqrt(1 + m L)")
+checks.true("derived curve fits better than a sqrt(L), a L, a", rss["sqrt(1 + m L), derived"] < min(
+    v for k, v in rss.items() if k != "sqrt(1 + m L), derived"), got=round(rss["sqrt(1 + m L), derived"], 3))
+checks.close("fitted slope (L >= 8) vs the prediction's, 95% interval", slope_pred, fit.slope, tol=half_width)
+checks.true("slope interval excludes 1 (linear) and 0 (constant)",
+            fit.slope - half_width > 0 and fit.slope + half_width < 1, got=round(fit.slope, 3))
+checks
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -523,7 +586,44 @@ for _ in range(60):
 checks = Checks("where 0.044715 comes from")
 checks.true("minimax c for Phi (6 decimals) = 0.044715", round(lo, 6) == 0.044715,
             f"{lo:.6f}")
-checks.true("its max CDF error is 1.79e-4", round(cdf_max_error(lo), 6) == 0.000179, f"{cdf_max_error(lo):.3g}")
+checks
+
+# %% [markdown]
+# How large is that smallest maximum error? The grid gives one answer; an independent one
+# comes from mpmath at 30 significant digits, with no grid: the extremes of the error
+# $f(x) = \Phi_{\tanh}(x) - \Phi(x)$ are the roots of $f'(x) = 0$, which SymPy differentiates
+# and mpmath solves by Newton's method, started from the grid's local extremes. The two must
+# agree to within what a grid of step $h$ can miss at a smooth maximum, at most
+# $\tfrac12 (h/2)^2 \max|f''|$ (Taylor's theorem at the maximiser, where $f' = 0$); $\max|f''|$
+# is bounded on the grid with a factor 2 to spare. The same procedure, applied to
+# $\mathrm{GELU}_{\tanh} - \mathrm{GELU}$ on $[-6, 6]$, gives the number the next figure shows.
+
+# %%
+def critical_extremes(expr, line, values, digits=30):
+    """Extremes of a SymPy expression in xs: mpmath roots of its derivative, started at the
+    local extremes of ``values`` (its float64 values on the grid ``line``); (x, f(x)) pairs."""
+    mp.mp.dps = digits
+    f_mp = sp.lambdify(xs, expr, "mpmath")
+    df_mp = sp.lambdify(xs, sp.diff(expr, xs), "mpmath")
+    v = values.abs()
+    peaks = ((v[1:-1] >= v[:-2]) & (v[1:-1] >= v[2:]) & (v[1:-1] > 1e-3 * v.max())).nonzero()[:, 0] + 1
+    roots = {mp.nstr(mp.findroot(df_mp, mp.mpf(line[i].item())), 20) for i in peaks.tolist()}
+    return [(mp.mpf(r), f_mp(mp.mpf(r))) for r in roots]
+
+
+cdf_tanh_c = (1 + sp.tanh(sp.sqrt(2 / sp.pi) * (xs + sp.Rational(44715, 10**6) * xs**3))) / 2
+cdf_err_expr = cdf_tanh_c - (1 + sp.erf(xs / sp.sqrt(2))) / 2
+cdf_err_grid = 0.5 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x_line + 0.044715 * x_line**3))) - cdf
+cdf_extremes = critical_extremes(cdf_err_expr, x_line, cdf_err_grid)
+cdf_max_mp = max(abs(v) for _, v in cdf_extremes)
+f2 = sp.lambdify(xs, sp.diff(cdf_err_expr, xs, 2), "math")
+h_line = (x_line[1] - x_line[0]).item()
+curv = max(abs(f2(t)) for t in x_line[::100].tolist())  # max |f''| on a grid of step 0.01
+print(f"max |Phi_tanh - Phi| (mpmath, 30 digits): {mp.nstr(cdf_max_mp, 6)} at |x| = "
+      f"{mp.nstr(abs(max(cdf_extremes, key=lambda e: abs(e[1]))[0]), 4)}")
+checks = Checks("the minimax CDF error: float64 grid vs mpmath")
+checks.close("max |Phi_tanh - Phi|: grid vs mpmath", float(cdf_max_mp), cdf_err_grid.abs().max(),
+             tol=0.5 * (h_line / 2) ** 2 * 2 * curv)
 checks
 
 # %% [markdown]
@@ -550,13 +650,20 @@ checks.close("gelu tanh vs F.gelu(approximate=tanh) (float32)", F.gelu(grid32, a
 checks.close("gelu tanh vs transformers gelu_new (float32)", transformers.activations.ACT2FN["gelu_new"](grid32),
              gelu(grid32, "tanh"), tol=1e-6, rel=True)
 checks.close("exact at x = 1: Phi(1)", 0.8413447460685429, gelu(torch.tensor(1.0, dtype=torch.float64)), tol=1e-15)
-checks.true("max |tanh - exact| on [-6, 6] below 5e-4", err.abs().max().item() < 5e-4, err.abs().max().item())
+gelu_err_expr = gelu_tanh.subs(c, sp.Rational(44715, 10**6)) - gelu_exact
+gelu_extremes = critical_extremes(gelu_err_expr, grid, err)
+gelu_max_mp = max(abs(v) for _, v in gelu_extremes)
+f2_gelu = sp.lambdify(xs, sp.diff(gelu_err_expr, xs, 2), "math")
+curv_gelu = max(abs(f2_gelu(t)) for t in grid[::100].tolist())
+checks.close("max |tanh - exact| on [-6, 6]: grid vs mpmath", float(gelu_max_mp), err.abs().max(),
+             tol=0.5 * (1e-4 / 2) ** 2 * 2 * curv_gelu)
 checks.true("the Taylor constant c* is worse in max norm", err_taylor.abs().max() > err.abs().max(),
             err_taylor.abs().max().item())
 checks
 
 # %%
-print(f"max |GELU_tanh - GELU| on [-6, 6]: {err.abs().max().item():.4g} at x = {grid[i_max].item():+.3f}")
+print(f"max |GELU_tanh - GELU| on [-6, 6]: {err.abs().max().item():.4g} at x = {grid[i_max].item():+.3f}"
+      f" (mpmath: {mp.nstr(gelu_max_mp, 4)})")
 print(f"most negative: {err.min().item():.4g} at |x| = {grid[int(err.argmin())].abs().item():.3f}")
 print(f"with the Taylor constant c* = {float(c_star):.5f}: {err_taylor.abs().max().item():.4g}")
 print(f"near 0, |x| < 0.1: {err[grid.abs() < 0.1].abs().max().item():.3g} (an O(x^4) error)")

@@ -530,3 +530,65 @@ def test_mha_with_chapter_5_rotary_embedding_equals_transformers_llama():
     for fused in (False, True):
         ours.fused = fused
         assert torch.allclose(ours(x, positions=positions, rope=rope), expected, rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------- issue 27: soft-capping
+
+from llmbook.transformer.attention import soft_cap  # noqa: E402
+
+
+def test_soft_cap_worked_values_and_bounds():
+    x = torch.tensor([0.0, 1.0, -50.0, 1e6], dtype=torch.float64)
+    y = soft_cap(x, 50.0)
+    assert torch.allclose(y, torch.tensor([0.0, 50 * math.tanh(0.02), -50 * math.tanh(1.0), 50.0],
+                                          dtype=torch.float64), rtol=0, atol=1e-12)
+    z = torch.linspace(-200, 200, 1001, dtype=torch.float64)
+    assert (soft_cap(z, 30.0).abs() < 30.0 + 1e-12).all()
+    x0 = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    (d0,) = torch.autograd.grad(soft_cap(x0, 7.0).sum(), x0)
+    assert d0.item() == pytest.approx(1.0, abs=1e-15)  # slope 1 at 0
+
+
+def test_soft_cap_bad_input():
+    with pytest.raises(ValueError, match="cap"):
+        soft_cap(torch.zeros(2), 0.0)
+    with pytest.raises(ValueError, match="cap"):
+        soft_cap(torch.zeros(2), float("inf"))
+    with pytest.raises(TypeError, match="x"):
+        soft_cap(torch.zeros(2, dtype=torch.long), 5.0)
+    with pytest.raises(ValueError, match="cap"):
+        MultiHeadAttention(8, 2, softcap=-1.0)
+
+
+def test_attention_softcap_equals_gemma2_eager():
+    from transformers import Gemma2Config
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2Attention
+
+    d, H, H_kv, d_head, T, cap = 24, 4, 2, 8, 7, 2.5  # a small cap so that capping matters
+    cfg = Gemma2Config(hidden_size=d, num_attention_heads=H, num_key_value_heads=H_kv, head_dim=d_head,
+                       query_pre_attn_scalar=d_head, attn_logit_softcapping=cap, sliding_window=None,
+                       layer_types=["full_attention"], num_hidden_layers=1, attention_bias=False)
+    cfg._attn_implementation = "eager"
+    hf = Gemma2Attention(cfg, layer_idx=0).double().eval()
+    ours = MultiHeadAttention(d, H, H_kv, d_head=d_head, softcap=cap, dtype=torch.float64)
+    ours.load_state_dict(hf.state_dict())
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p_ in ours.parameters():
+            p_.copy_(torch.randn(p_.shape, generator=gen, dtype=torch.float64))
+        hf.load_state_dict(ours.state_dict())
+    x = torch.randn(2, T, d, generator=gen, dtype=torch.float64)
+    ones, zeros = torch.ones(2, T, d_head, dtype=torch.float64), torch.zeros(2, T, d_head, dtype=torch.float64)
+    blocked = torch.zeros(T, T, dtype=torch.float64).masked_fill(~causal_mask(T), float("-inf"))
+    with torch.no_grad():
+        expected, _ = hf(x, position_embeddings=(ones, zeros), attention_mask=blocked[None, None])
+        got = ours(x)
+        ours.fused = True  # soft-capping falls back to the book's path
+        got_fused = ours(x)
+        uncapped = MultiHeadAttention(d, H, H_kv, d_head=d_head, dtype=torch.float64)
+        uncapped.load_state_dict(ours.state_dict())
+        plain = uncapped(x)
+    # Gemma 2's eager attention takes its softmax in float32: relative error about 1e-7
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5), (got - expected).abs().max()
+    assert torch.equal(got, got_fused)
+    assert (got - plain).abs().max() > 1e-2  # the cap changed the output

@@ -509,3 +509,197 @@ def test_alibi_bad_inputs():
         alibi_bias(4, 5, 3)
     with pytest.raises(ValueError, match="T_q must be positive"):
         alibi_bias(4, 0)
+
+
+# ---------------------------------------------------------------- issue 27: float32 bound, RoPE scaling
+
+from transformers import LlamaConfig  # noqa: E402
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
+
+from llmbook.transformer.positional import (  # noqa: E402
+    rope_float32_angle_error_bound,
+    rope_inverse_frequencies,
+)
+
+U32 = 2.0**-24
+
+
+def _angle_errors(d_head: int, theta: float, T: int = 4096) -> torch.Tensor:
+    """max over m in [1, T) of |float32 angle - exact| / (m theta_j), per pair: (d/2,)."""
+    r32 = RotaryEmbedding(d_head, theta=theta, max_seq_len=2)
+    exact = torch.arange(1, T, dtype=torch.float64)[:, None] * rope_frequencies(d_head, theta)
+    angle32 = (torch.arange(1, T, dtype=torch.float32)[:, None] * r32.inv_freq).double()
+    return ((angle32 - exact).abs() / exact).max(0).values
+
+
+def test_rope_float32_bound_worked_values():
+    # power of two: the exponent 2j/d is exact, so the bound is (1 + 2u)(1 + u)^2 - 1 for every pair
+    b64 = rope_float32_angle_error_bound(64)
+    assert b64.shape == (32,)
+    assert torch.allclose(b64, torch.full((32,), (1 + 2 * U32) * (1 + U32) ** 2 - 1, dtype=torch.float64),
+                          rtol=1e-12, atol=0)
+    # d = 80: pair j has the extra factor exp((2j/80) ln(10^4) u), about (4 + 9.21 * 39/40) u at j = 39
+    b80 = rope_float32_angle_error_bound(80)
+    assert b80[0] == b64[0]
+    assert math.isclose(b80[-1].item() / U32, 4 + (78 / 80) * math.log(1e4), rel_tol=1e-6)
+    assert math.isclose(rope_float32_angle_error_bound(64, pow_ulps=0.5)[0].item() / U32, 3, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("d_head", [64, 72, 80, 96, 112, 128])
+@pytest.mark.parametrize("theta", [10000.0, 500000.0, 1e6])
+def test_rope_float32_bound_holds(d_head, theta):
+    ratio = (_angle_errors(d_head, theta) / rope_float32_angle_error_bound(d_head, theta)).max().item()
+    assert ratio <= 1.0, (d_head, theta, ratio)
+
+
+def test_rope_float32_old_bound_fails_off_powers_of_two():
+    # the power-of-two bound 3u (correctly rounded pow, exact exponent) is exceeded at d = 80 and 96
+    for d_head in (80, 96):
+        assert (_angle_errors(d_head, 10000.0) / ((1 + U32) ** 3 - 1)).max() > 1.2
+
+
+def test_rope_float32_bound_bad_input():
+    with pytest.raises(ValueError, match="d_head"):
+        rope_float32_angle_error_bound(63)
+    with pytest.raises(ValueError, match="theta"):
+        rope_float32_angle_error_bound(64, theta=1.0)
+    with pytest.raises(ValueError, match="pow_ulps"):
+        rope_float32_angle_error_bound(64, pow_ulps=-1)
+
+
+ROPE_SCALINGS = [
+    dict(rope_type="linear", factor=4.0),
+    dict(rope_type="dynamic", factor=2.0),
+    dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=1024),
+    dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=2048, beta_fast=16, beta_slow=2,
+         mscale=1.0, mscale_all_dim=0.5),
+    dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=2048, truncate=False,
+         partial_rotary_factor=0.5),
+    dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=1024, attention_factor=0.9),
+    dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+         original_max_position_embeddings=1024),
+    dict(rope_type="linear", factor=2.0, partial_rotary_factor=0.25),
+]
+
+
+def _hf_config(d_head: int, params: dict) -> LlamaConfig:
+    return LlamaConfig(hidden_size=3 * d_head, num_attention_heads=3, head_dim=d_head,
+                       max_position_embeddings=4096, rope_parameters=dict(params))
+
+
+@pytest.mark.parametrize("scaling", ROPE_SCALINGS, ids=lambda s: s["rope_type"])
+@pytest.mark.parametrize("d_head", [64, 80, 96])
+@pytest.mark.parametrize("base", [10000.0, 500000.0])
+def test_rope_inverse_frequencies_equal_transformers(scaling, d_head, base):
+    params = dict(scaling, rope_theta=base)
+    seq_lens = (None, 3000, 9000) if scaling["rope_type"] == "dynamic" else (None,)
+    for seq_len in seq_lens:
+        hf_inv, hf_factor = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](_hf_config(d_head, params), "cpu",
+                                                                     seq_len=seq_len)
+        inv, factor = rope_inverse_frequencies(d_head, scaling=params, max_position_embeddings=4096,
+                                               seq_len=seq_len)
+        assert inv.dtype == torch.float32 and inv.shape == hf_inv.shape
+        assert torch.equal(inv, hf_inv), (scaling, d_head, base, seq_len)
+        assert factor == hf_factor
+
+
+def test_rope_inverse_frequencies_worked_values():
+    plain, f0 = rope_inverse_frequencies(8, 10000.0, dtype=torch.float64)
+    assert f0 == 1.0 and torch.allclose(plain, torch.tensor([1, 0.1, 0.01, 0.001], dtype=torch.float64))
+    lin, _ = rope_inverse_frequencies(8, 10000.0, {"type": "linear", "factor": 4}, dtype=torch.float64)
+    assert torch.allclose(lin, plain / 4)
+    # dynamic: unchanged up to L_0, then base * (2 * 2 - 1)^(8/6) at twice L_0 with factor 2
+    same, _ = rope_inverse_frequencies(8, 10000.0, {"rope_type": "dynamic", "factor": 2.0},
+                                       max_position_embeddings=100, seq_len=50, dtype=torch.float64)
+    assert torch.equal(same, plain)
+    dyn, _ = rope_inverse_frequencies(8, 10000.0, {"rope_type": "dynamic", "factor": 2.0},
+                                      max_position_embeddings=100, seq_len=200, dtype=torch.float64)
+    new_base = 10000.0 * 3 ** (8 / 6)
+    assert torch.allclose(dyn, new_base ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8), rtol=1e-14)
+    # YaRN's attention factor 0.1 ln(s) + 1 (Peng et al., 2023, eq. 22 with sqrt(1/t) = 0.1 ln s + 1)
+    _, af = rope_inverse_frequencies(8, scaling={"rope_type": "yarn", "factor": math.e ** 2,
+                                                 "original_max_position_embeddings": 64})
+    assert math.isclose(af, 1.2, rel_tol=1e-12)
+    # llama3: the fastest pair (wavelength 2 pi < L_0 / 4) is kept, the slowest divided by the factor
+    l3, _ = rope_inverse_frequencies(8, 10000.0, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                  "high_freq_factor": 4.0,
+                                                  "original_max_position_embeddings": 64},
+                                     dtype=torch.float64)
+    assert l3[0] == plain[0] and torch.allclose(l3[-1], plain[-1] / 8)
+    part, _ = rope_inverse_frequencies(12, 10000.0, {"partial_rotary_factor": 0.5})
+    assert part.shape == (3,)
+
+
+def test_rope_inverse_frequencies_bad_input():
+    with pytest.raises(ValueError, match="longrope"):
+        rope_inverse_frequencies(64, scaling={"rope_type": "longrope"})
+    with pytest.raises(ValueError, match="factor"):
+        rope_inverse_frequencies(64, scaling={"rope_type": "linear"})
+    with pytest.raises(ValueError, match="original_max_position_embeddings"):
+        rope_inverse_frequencies(64, scaling={"rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        rope_inverse_frequencies(64, scaling={"rope_type": "dynamic", "factor": 2.0})
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        rope_inverse_frequencies(64, scaling={"partial_rotary_factor": 1.5})
+    with pytest.raises(TypeError, match="scaling"):
+        rope_inverse_frequencies(64, scaling=[("rope_type", "linear")])
+    with pytest.raises(ValueError, match="factor"):
+        rope_inverse_frequencies(64, scaling={"rope_type": "linear", "factor": -2.0})
+    with pytest.raises(ValueError, match="dynamic"):
+        RotaryEmbedding(64, scaling={"rope_type": "dynamic", "factor": 2.0})
+
+
+@pytest.mark.parametrize("scaling", [s for s in ROPE_SCALINGS if s["rope_type"] != "dynamic"
+                                     and "partial_rotary_factor" not in s], ids=lambda s: s["rope_type"])
+def test_rotary_embedding_with_scaling_equals_llama(scaling):
+    d_head, base, T = 80, 500000.0, 37
+    params = dict(scaling, rope_theta=base)
+    hf = LlamaRotaryEmbedding(_hf_config(d_head, params))
+    rope = RotaryEmbedding(d_head, base, max_seq_len=4096, scaling=params)
+    positions = torch.tensor([0, 5, 900, 2047, 3000] + list(range(T - 5)))
+    x = torch.randn(2, 3, T, d_head, generator=torch.Generator().manual_seed(0))
+    cos, sin = hf(x, positions[None])  # (1, T, d_head), attention factor included
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    expected, _ = apply_rotary_pos_emb(x, x, cos, sin)
+    assert torch.allclose(rope(x, positions), expected, rtol=0, atol=2e-6)
+    assert rope.attention_factor == hf.attention_scaling
+
+
+def test_rotary_embedding_partial_rotation():
+    # partial RoPE (GPT-NeoX, Phi): the first d_rot components rotate, the rest pass through
+    d_head, T = 12, 5
+    rope = RotaryEmbedding(d_head, scaling={"partial_rotary_factor": 0.5}, max_seq_len=T + 3, dtype=torch.float64)
+    full = RotaryEmbedding(6, max_seq_len=T, dtype=torch.float64)
+    x = torch.randn(2, T, d_head, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(T)
+    y = rope(x, pos)
+    assert rope.d_rot == 6
+    assert torch.equal(y[..., 6:], x[..., 6:])
+    assert torch.allclose(y[..., :6], full(x[..., :6], pos), rtol=0, atol=1e-15)
+    # scores still depend only on the offset
+    s1 = rope(x, pos) @ rope(x, pos).transpose(-1, -2)
+    s2 = rope(x, pos + 3) @ rope(x, pos + 3).transpose(-1, -2)
+    assert torch.allclose(s1, s2, rtol=0, atol=1e-12)
+    assert not torch.allclose(s1, rope(x, pos + 3) @ rope(x, pos).transpose(-1, -2), atol=1e-3)
+
+
+def test_rotary_embedding_partial_equals_phi():
+    # Phi's partial RoPE: rotary_ndims = int(d_head * 0.4) components rotate, half-split among themselves
+    from transformers import PhiConfig
+    from transformers.models.phi.modeling_phi import PhiRotaryEmbedding
+    from transformers.models.phi.modeling_phi import apply_rotary_pos_emb as phi_apply
+
+    d_head, T = 80, 11
+    cfg = PhiConfig(hidden_size=2 * d_head, num_attention_heads=2, partial_rotary_factor=0.4)
+    params = dict(cfg.rope_parameters)
+    hf = PhiRotaryEmbedding(cfg)
+    ours = RotaryEmbedding(d_head, params["rope_theta"], max_seq_len=64, scaling=params)
+    n_rot = int(d_head * 0.4)
+    assert ours.d_rot == n_rot == 32
+    x = torch.randn(1, 2, T, d_head, generator=torch.Generator().manual_seed(5))
+    pos = torch.arange(3, 3 + T)
+    cos, sin = hf(x, pos[None])
+    rot, _ = phi_apply(x[..., :n_rot], x[..., :n_rot], cos, sin)
+    expected = torch.cat((rot, x[..., n_rot:]), dim=-1)
+    assert torch.allclose(ours(x, pos), expected, rtol=0, atol=1e-6)

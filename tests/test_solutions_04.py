@@ -7,7 +7,7 @@ import sympy as sp
 import torch
 from solution_loader import load_solutions
 
-from llmbook.transformer.attention import MultiHeadAttention, causal_mask
+from llmbook.transformer.attention import MultiHeadAttention, attention_weights, causal_mask
 
 solutions = load_solutions("04_attention")
 
@@ -97,3 +97,24 @@ def test_exercise_4_attention_backward_matches_autograd(causal):
     q2 = q.detach().clone().requires_grad_()
     scaled_dot_product_attention(q2, k.detach(), v.detach(), is_causal=True, scale=0.5).backward(G)
     assert torch.allclose(dq2, q2.grad, rtol=0, atol=1e-13)
+
+
+def test_exercise_5_qk_norm_weight_floor():
+    from llmbook.transformer.layers import RMSNorm
+
+    d_head, T = 16, 9
+    floor = solutions.qk_norm_weight_floor(d_head, T)
+    assert floor == pytest.approx(1 / (1 + 8 * math.exp(8)), rel=1e-15)
+    norm = RMSNorm(d_head, eps=1e-300, dtype=torch.float64)  # eps > 0 is required; this one is negligible
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(500, 1, d_head, generator=gen, dtype=torch.float64)
+    k = torch.randn(500, T, d_head, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        A = attention_weights(norm(q), norm(k))  # (500, 1, T)
+        assert A.min().item() >= floor
+        # the extreme case: key 0 opposite to the query, the others along it
+        u = torch.randn(d_head, generator=gen, dtype=torch.float64)
+        k_ext = torch.stack([-u] + [u] * (T - 1))[None]  # (1, T, d)
+        A_ext = attention_weights(norm(u[None, None]), norm(k_ext))
+    assert A_ext[0, 0, 0].item() == pytest.approx(floor, rel=1e-12)
+    assert solutions.qk_norm_weight_floor(64, 32) < solutions.qk_norm_weight_floor(16, 32)

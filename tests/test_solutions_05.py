@@ -101,3 +101,23 @@ def test_exercise_4_roformer_bound():
         score = (rope(q.view(1, 1, 1, 16), torch.tensor([dist + 5]))
                  * rope(k.view(1, 1, 1, 16), torch.tensor([5]))).sum().item()
         assert abs(score) <= total + 1e-12
+
+
+def test_exercise_5_yarn_keeps_fast_pairs_and_interpolates_slow_ones():
+    from llmbook.transformer.positional import rope_inverse_frequencies
+
+    d, base, L0, s = 128, 5e5, 8192, 8.0
+    r = solutions.pair_rotations(d, base, L0)
+    assert r.shape == (64,)
+    assert r[0].item() == pytest.approx(L0 / (2 * math.pi), rel=1e-15)  # theta_0 = 1
+    assert torch.all(r[1:] < r[:-1])  # slower and slower pairs
+    plain, _ = rope_inverse_frequencies(d, base, dtype=torch.float64)
+    yarn, factor = rope_inverse_frequencies(
+        d, base, {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L0}, dtype=torch.float64)
+    ratio = yarn / plain  # (64,)
+    assert torch.allclose(ratio[r > 32], torch.ones(int((r > 32).sum()), dtype=torch.float64), rtol=1e-14)
+    assert torch.allclose(ratio[r < 1], torch.full((int((r < 1).sum()),), 1 / s, dtype=torch.float64), rtol=1e-14)
+    between = (r >= 1) & (r <= 32)
+    span = math.log(32) / math.log(base ** (2 / d))  # r_j falls by base^(2/d) per pair: 16.9 pairs
+    assert int(between.sum()) in (math.floor(span), math.ceil(span))
+    assert factor == pytest.approx(0.1 * math.log(s) + 1)

@@ -33,7 +33,10 @@ Contents:
   teaching version of :class:`MultiHeadAttention`;
 * :class:`MultiHeadAttention` - projections, heads, GQA, an optional rotary embedding, any
   leading batch dimensions;
-* :func:`attention_flops` - the closed-form multiply-add count of one attention layer.
+* :func:`attention_flops` - the closed-form multiply-add count of one attention layer;
+* :func:`soft_cap` - Gemma 2's logit soft-capping c tanh(s / c), the ``softcap`` option of
+  :func:`attention_weights` and :class:`MultiHeadAttention` (QK-norm, the other guard against
+  growing scores, is ``llmbook.transformer.model.QKNormAttention``).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ __all__ = [
     "causal_mask",
     "minimal_multi_head_attention",
     "scaled_dot_product_attention",
+    "soft_cap",
 ]
 
 
@@ -138,15 +142,31 @@ def _check_mask(mask: object, scores_shape: tuple[int, ...]) -> None:
                          f"shape (..., T_q, T_k) = {scores_shape}")
 
 
+def soft_cap(x: Tensor, cap: float) -> Tensor:
+    """Logit soft-capping: cap * tanh(x / cap), elementwise, same shape as ``x``.
+
+    Gemma 2 (Riviere et al., 2024, "Gemma 2: Improving Open Language Models at a Practical
+    Size", section 2) caps its attention scores at 50 and its final logits at 30 this way:
+    the map has slope 1 at 0 (small scores pass almost unchanged) and stays strictly inside
+    (-cap, cap), so no score can grow without bound. ``cap`` must be a positive number.
+    """
+    if isinstance(cap, bool) or not isinstance(cap, int | float) or not math.isfinite(cap) or cap <= 0:
+        raise ValueError(f"cap must be a positive finite number, got cap={cap!r}")
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    return cap * torch.tanh(x / cap)
+
+
 def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None, is_causal: bool = False,
-                      scale: float | None = None) -> Tensor:
+                      scale: float | None = None, softcap: float | None = None) -> Tensor:
     """The attention matrix A = softmax(q k^T * scale + mask): (..., T_q, T_k).
 
     ``q`` (..., T_q, d_k) and ``k`` (..., T_k, d_k) with equal leading dimensions; ``scale``
     defaults to 1/sqrt(d_k). ``mask`` broadcasts to (..., T_q, T_k): boolean, True where a
     query may attend, or floating point, added to the scores. ``is_causal`` applies
     :func:`causal_mask` (top-left aligned) and excludes ``mask``. Each row sums to 1, except
-    a row with every key masked, which is all zeros (not NaN).
+    a row with every key masked, which is all zeros (not NaN). ``softcap`` (default None)
+    passes the scaled scores through :func:`soft_cap` before the mask, as Gemma 2 does.
     """
     _check_qkv(q, k, k)
     if mask is not None and is_causal:
@@ -160,6 +180,8 @@ def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None, is_causa
         scale = 1.0 / math.sqrt(q.shape[-1])
 
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T_q, T_k)
+    if softcap is not None:
+        scores = soft_cap(scores, softcap)
     if is_causal:
         mask = causal_mask(T_q, T_k, device=q.device)
     if mask is not None and mask.dtype == torch.bool:
@@ -176,18 +198,19 @@ def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None, is_causa
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                                 is_causal: bool = False, scale: float | None = None) -> Tensor:
+                                 is_causal: bool = False, scale: float | None = None,
+                                 softcap: float | None = None) -> Tensor:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + mask) V (Vaswani et al., 2017, eq. 1).
 
     Shapes: ``q`` (..., T_q, d_k), ``k`` (..., T_k, d_k), ``v`` (..., T_k, d_v) with the same
     leading dimensions (no silent broadcasting between them) -> (..., T_q, d_v).
-    ``mask``, ``is_causal`` and ``scale`` as in :func:`attention_weights`, which follow
+    ``mask``, ``is_causal``, ``scale`` and ``softcap`` as in :func:`attention_weights`, which follow
     ``torch.nn.functional.scaled_dot_product_attention``: a boolean mask is True where a query
     may attend; ``is_causal`` is top-left aligned when T_q != T_k; a query with every key
     masked outputs zeros. Raises ``ValueError`` naming the shapes when they do not fit.
     """
     _check_qkv(q, k, v)
-    weights = attention_weights(q, k, mask=mask, is_causal=is_causal, scale=scale)
+    weights = attention_weights(q, k, mask=mask, is_causal=is_causal, scale=scale, softcap=softcap)
     return weights @ v  # (..., T_q, d_v)
 
 
@@ -259,12 +282,17 @@ class MultiHeadAttention(nn.Module):
     ``torch.nn.functional.scaled_dot_product_attention`` instead of the book's
     :func:`scaled_dot_product_attention`; the two agree to round-off (tested), the fused
     kernel is faster and uses less memory.
+
+    ``softcap`` (default None) soft-caps the scaled scores (Gemma 2's
+    ``attn_logit_softcapping``, see :func:`soft_cap`); PyTorch's fused kernel has no
+    soft-capping, so with ``softcap`` the book's attention runs even when ``fused``.
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None,
                  d_head: int | None = None, bias: bool = False, qkv_bias: bool | None = None,
                  out_bias: bool | None = None, scale: float | None = None, fused: bool = False,
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 softcap: float | None = None) -> None:
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
         self.n_heads = check_positive_int("n_heads", n_heads)
@@ -287,6 +315,9 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, self.n_kv_heads * self.d_head, bias=qkv_bias, **kw)
         self.v_proj = nn.Linear(d_model, self.n_kv_heads * self.d_head, bias=qkv_bias, **kw)
         self.o_proj = nn.Linear(self.n_heads * self.d_head, d_model, bias=out_bias, **kw)
+        if softcap is not None:
+            soft_cap(torch.zeros(1), softcap)  # validates softcap
+        self.softcap = None if softcap is None else float(softcap)
 
     def split_heads(self, x: Tensor, n: int) -> Tensor:
         """(..., T, n d_head) -> (..., n, T, d_head): a view and a transpose, no copy."""
@@ -372,19 +403,20 @@ class MultiHeadAttention(nn.Module):
             bias = attn_bias.to(q.dtype)
             mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
         groups = self.n_heads // self.n_kv_heads
-        if self.fused:
+        if self.fused and self.softcap is None:
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
                                                enable_gqa=groups > 1)  # (..., H, T, d_head)
         else:
             k = k.repeat_interleave(groups, dim=-3)  # (..., H, T_k, d_head): head h uses h // groups
             v = v.repeat_interleave(groups, dim=-3)
-            z = scaled_dot_product_attention(q, k, v, mask=mask, scale=self.scale)
+            z = scaled_dot_product_attention(q, k, v, mask=mask, scale=self.scale, softcap=self.softcap)
         z = z.transpose(-3, -2).flatten(-2)  # (..., T, H d_head)
         return self.o_proj(z)  # (..., T, d_model)
 
     def extra_repr(self) -> str:
+        extra = f", softcap={self.softcap}" if self.softcap is not None else ""
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
-                f"d_head={self.d_head}, fused={self.fused}")
+                f"d_head={self.d_head}, fused={self.fused}{extra}")
 
 
 def attention_flops(T: int, d_model: int, n_heads: int = 1, n_kv_heads: int | None = None,

@@ -12,7 +12,10 @@ and "man bites dog" look alike. Each scheme below breaks that symmetry different
   Enhanced Transformer with Rotary Position Embedding"): queries and keys are rotated by
   an angle proportional to their position, so q.k depends only on the offset m - n.
   :func:`apply_rotary`, :func:`rotate_half`, :func:`rope_frequencies`,
-  :func:`rope_matrix` and :func:`rope_permutation` are its parts and its two layouts.
+  :func:`rope_matrix` and :func:`rope_permutation` are its parts and its two layouts;
+  :func:`rope_float32_angle_error_bound` bounds the float32 angle's rounding error;
+  :func:`rope_inverse_frequencies` adds context-extension scaling (position interpolation,
+  dynamic NTK, YaRN, Llama 3.1) and partial rotation, as Hugging Face configs specify them.
 * :func:`alibi_slopes`, :func:`alibi_bias` - attention with linear biases (Press, Smith &
   Lewis, 2022, "Train Short, Test Long: Attention with Linear Biases Enables Input Length
   Extrapolation"): no position vectors at all, a penalty proportional to distance.
@@ -33,7 +36,9 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "apply_rotary",
+    "rope_float32_angle_error_bound",
     "rope_frequencies",
+    "rope_inverse_frequencies",
     "rope_matrix",
     "rope_permutation",
     "rotate_half",
@@ -177,6 +182,159 @@ def rope_frequencies(
     return 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=dtype) / d_head))  # (d/2,)
 
 
+def rope_float32_angle_error_bound(
+    d_head: int, theta: float = 10000.0, pow_ulps: float = 1.0
+) -> Tensor:
+    """A bound on the relative error of the float32 RoPE angle m * inv_freq_j, per pair: (d/2,).
+
+    The float32 angle is fl(m * fl(1 / fl(theta ** fl(2j / d_head)))), as in Hugging Face's
+    Llama and :class:`RotaryEmbedding`. In the standard model of floating-point arithmetic
+    (u = 2^-24): the exponent x_j = 2j/d is rounded once (exactly representable, so no error,
+    when d_head is a power of two); an exponent error x_j delta moves theta^x_j by the factor
+    exp(x_j ln(theta) delta), up to ln(theta) u for the slowest pair; the power routine is
+    assumed accurate to ``pow_ulps`` units in the last place (one ulp is at most 2u relative;
+    SLEEF's u10 routines and glibc's powf are within one ulp); the reciprocal and the product
+    with m are rounded once each. The returned bound is, in float64,
+
+        exp(x_j ln(theta) u_x) (1 + 2 pow_ulps u) (1 + u)^2 - 1,   u_x = 0 or u,
+
+    so that |angle32 - m theta_j| <= m theta_j * bound_j for every integer m < 2^24.
+    Introduced in notebooks/05_positions (the float32 tables).
+    """
+    d_head = _check_even("d_head", d_head)
+    theta = _check_base("theta", theta)
+    if isinstance(pow_ulps, bool) or not isinstance(pow_ulps, int | float) or not pow_ulps >= 0:
+        raise ValueError(f"pow_ulps must be a number >= 0, got pow_ulps={pow_ulps!r}")
+    u = 2.0**-24
+    u_x = 0.0 if d_head & (d_head - 1) == 0 else u  # 2j/d is exact in binary iff d is a power of 2
+    x = torch.arange(0, d_head, 2, dtype=torch.float64) / d_head  # (d/2,)
+    return torch.exp(x * math.log(theta) * u_x) * (1 + 2 * pow_ulps * u) * (1 + u) ** 2 - 1
+
+
+ROPE_SCALING_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+
+
+def _scaling_number(scaling: dict, key: str, default: float | None = None) -> float:
+    value = scaling.get(key, default)
+    if value is None:
+        raise ValueError(f"scaling of rope_type {scaling.get('rope_type')!r} needs the key {key!r}, "
+                         f"got keys {sorted(scaling)}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"scaling[{key!r}] must be a positive number, got {value!r}")
+    return float(value)
+
+
+def rope_inverse_frequencies(
+    d_head: int,
+    base: float | None = None,
+    scaling: dict | None = None,
+    *,
+    max_position_embeddings: int | None = None,
+    seq_len: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor, float]:
+    """RoPE inverse frequencies with context-extension scaling, and the attention factor.
+
+    Returns ``(inv_freq, attention_factor)``: ``inv_freq`` of shape (d_rot/2,), where
+    d_rot = int(d_head * partial_rotary_factor) is the number of rotated components (all of
+    them by default), and the factor by which the cos and sin tables are multiplied (1 except
+    for YaRN). ``scaling`` is a Hugging Face ``rope_scaling`` (transformers 4.x) or
+    ``rope_parameters`` (5.x) dict; ``None`` or ``rope_type`` "default" is plain RoPE,
+    theta_j = base^(-2j/d_rot) (Su et al., 2021). The scaled types, each bit for bit the
+    float32 arithmetic of ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS``:
+
+    * "linear": position interpolation (Chen et al., 2023, "Extending Context Window of Large
+      Language Models via Positional Interpolation"): every theta_j divided by ``factor``.
+    * "dynamic": dynamic NTK scaling (Peng et al., 2023, section 3.3): the base
+      becomes base * (factor * L / L_0 - (factor - 1))^(d/(d-2)) for a sequence of length
+      L = max(seq_len, L_0), L_0 = ``max_position_embeddings``; unchanged up to L_0.
+    * "yarn": YaRN (Peng et al., 2023, "YaRN: Efficient Context Window Extension of Large
+      Language Models"): pairs that turn more than ``beta_fast`` (32) times over the original
+      context L_0 = ``original_max_position_embeddings`` keep theta_j, pairs that turn fewer
+      than ``beta_slow`` (1) times get theta_j / factor, a linear ramp in between; attention
+      factor 0.1 ln(factor) + 1 (or ``attention_factor``, or the ``mscale``/``mscale_all_dim``
+      ratio of DeepSeek).
+    * "llama3": Llama 3.1's piecewise rule (Dubey et al., 2024, "The Llama 3 Herd of
+      Models"): wavelengths 2 pi / theta_j shorter than L_0 / ``high_freq_factor`` kept,
+      longer than L_0 / ``low_freq_factor`` divided by ``factor``, smoothly interpolated
+      between.
+
+    ``base`` defaults to ``scaling["rope_theta"]`` (5.x dicts carry it), else 10000; the
+    key "type" is read as "rope_type" (old configs). Other types (e.g. "longrope") raise a
+    ValueError naming the supported ones. Introduced in notebooks/05_positions (RoPE scaling).
+    """
+    d_head = check_positive_int("d_head", d_head)
+    scaling = {} if scaling is None else scaling
+    if not isinstance(scaling, dict):
+        raise TypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in ROPE_SCALING_TYPES:
+        raise ValueError(f"scaling rope_type {rope_type!r} is not supported; supported: {ROPE_SCALING_TYPES}")
+    if base is None:
+        base = scaling.get("rope_theta", 10000.0)
+    base = _check_base("base", base)
+    fraction = scaling.get("partial_rotary_factor", 1.0)
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+        raise ValueError(f"partial_rotary_factor must be in (0, 1], got {fraction!r}")
+    dim = _check_even("rotated dimension int(d_head * partial_rotary_factor)", int(d_head * fraction))
+
+    def plain(b: float) -> Tensor:  # (dim/2,): 1 / b^(2j/dim), HF's float32 arithmetic
+        return 1.0 / (b ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype) / dim))
+
+    if rope_type == "default":
+        return plain(base), 1.0
+    if rope_type == "linear":
+        return plain(base) / _scaling_number(scaling, "factor"), 1.0
+    if rope_type == "dynamic":
+        factor = _scaling_number(scaling, "factor")
+        if max_position_embeddings is None:
+            raise ValueError("scaling rope_type 'dynamic' needs max_position_embeddings (the trained length)")
+        original = check_positive_int("max_position_embeddings", max_position_embeddings)
+        length = original if seq_len is None else max(check_positive_int("seq_len", seq_len), original)
+        return plain(base * ((factor * length / original) - (factor - 1)) ** (dim / (dim - 2))), 1.0
+    original = _scaling_number(scaling, "original_max_position_embeddings")
+    if rope_type == "llama3":
+        factor = _scaling_number(scaling, "factor")
+        low, high = _scaling_number(scaling, "low_freq_factor"), _scaling_number(scaling, "high_freq_factor")
+        inv_freq = plain(base)
+        wavelen = 2 * math.pi / inv_freq  # (dim/2,)
+        scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+        smooth = (original / wavelen - low) / (high - low)  # 0 at L_0/low, 1 at L_0/high
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < original / high) * ~(wavelen > original / low)
+        return torch.where(medium, smoothed, scaled), 1.0
+    # yarn
+    factor = scaling.get("factor")
+    if factor is None and max_position_embeddings is None:
+        raise ValueError("scaling rope_type 'yarn' needs a factor or max_position_embeddings")
+    factor = (check_positive_int("max_position_embeddings", max_position_embeddings) / original
+              if factor is None else _scaling_number(scaling, "factor"))
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention_factor = float(mscale(factor, m) / mscale(factor, m_all)) if m and m_all else mscale(factor)
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def pair_index(n_rotations: float) -> float:  # the j whose pair turns n_rotations times in L_0
+        return dim * math.log(original / (n_rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = pair_index(beta_fast), pair_index(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as transformers does: avoid dividing by zero
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1).to(dtype)
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype) / dim)  # (dim/2,)
+    keep = 1 - ramp  # 1: extrapolate (keep theta_j), 0: interpolate (theta_j / factor)
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
+    return inv_freq, float(attention_factor)
+
+
 def rotate_half(x: Tensor) -> Tensor:
     """(x1, x2) -> (-x2, x1) with x1, x2 the two halves of the last axis: (..., d) -> (..., d).
 
@@ -300,6 +458,14 @@ class RotaryEmbedding(nn.Module):
     ``LlamaRotaryEmbedding`` (angle = position * inv_freq, rounded to float32), in
     float64 to reference accuracy; an ``x`` of another dtype gets them cast to its dtype.
     They are non-persistent buffers (not in the state dict).
+
+    ``scaling`` (default None: plain RoPE) takes a Hugging Face ``rope_scaling`` /
+    ``rope_parameters`` dict and builds the tables from :func:`rope_inverse_frequencies`
+    (types "linear", "yarn", "llama3"; "dynamic" depends on the sequence length, so it has
+    no fixed table and is refused), with YaRN's attention factor multiplied into cos and sin
+    as transformers does. A ``partial_rotary_factor`` < 1 in it rotates only the first
+    d_rot = int(d_head * factor) components of each head and passes the rest through
+    (GPT-NeoX and Phi's partial RoPE).
     """
 
     def __init__(
@@ -309,17 +475,33 @@ class RotaryEmbedding(nn.Module):
         max_seq_len: int = 2048,
         interleaved: bool = False,
         dtype: torch.dtype = torch.float32,
+        scaling: dict | None = None,
     ) -> None:
         super().__init__()
         self.d_head = _check_even("d_head", d_head)
         self.theta = _check_base("theta", theta)
         self.max_seq_len = check_positive_int("max_seq_len", max_seq_len)
         self.interleaved = bool(interleaved)
-        inv_freq = rope_frequencies(d_head, theta, dtype=dtype)  # (d/2,)
-        angles = torch.arange(max_seq_len, dtype=dtype)[:, None] * inv_freq  # (T_max, d/2)
+        self.scaling = None if scaling is None else dict(scaling)
+        self.attention_factor = 1.0
+        if scaling is None:
+            inv_freq = rope_frequencies(d_head, theta, dtype=dtype)  # (d/2,)
+        else:
+            if not isinstance(scaling, dict):
+                raise TypeError(f"scaling must be a dict or None, got {type(scaling).__name__}")
+            if scaling.get("rope_type", scaling.get("type")) == "dynamic":
+                raise ValueError("scaling rope_type 'dynamic' changes the frequencies with the sequence "
+                                 "length; use rope_inverse_frequencies(..., seq_len=...) instead")
+            inv_freq, self.attention_factor = rope_inverse_frequencies(
+                d_head, self.theta, scaling, dtype=dtype)  # (d_rot/2,)
+        self.d_rot = 2 * inv_freq.shape[0]  # rotated components per head (d_head unless partial)
+        angles = torch.arange(max_seq_len, dtype=dtype)[:, None] * inv_freq  # (T_max, d_rot/2)
+        cos, sin = angles.cos(), angles.sin()
+        if self.attention_factor != 1.0:  # YaRN: transformers scales the tables
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.register_buffer("cos", angles.cos(), persistent=False)  # (T_max, d/2)
-        self.register_buffer("sin", angles.sin(), persistent=False)  # (T_max, d/2)
+        self.register_buffer("cos", cos, persistent=False)  # (T_max, d_rot/2)
+        self.register_buffer("sin", sin, persistent=False)  # (T_max, d_rot/2)
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate ``x`` (..., T, d_head) at ``positions`` (T,), (1, T) or (B, T): same shape."""
@@ -345,11 +527,15 @@ class RotaryEmbedding(nn.Module):
             middle = (1,) * (x.ndim - 3)
             cos = cos.view(cos.shape[0], *middle, T, cos.shape[-1])
             sin = sin.view(sin.shape[0], *middle, T, sin.shape[-1])
+        if self.d_rot < self.d_head:  # partial RoPE: rotate the first d_rot components only
+            rotated = apply_rotary(x[..., : self.d_rot], cos, sin, interleaved=self.interleaved)
+            return torch.cat((rotated, x[..., self.d_rot :]), dim=-1)  # x's shape
         return apply_rotary(x, cos, sin, interleaved=self.interleaved)  # x's shape
 
     def extra_repr(self) -> str:
+        extra = "" if self.scaling is None else f", scaling={self.scaling}"
         return (f"d_head={self.d_head}, theta={self.theta}, max_seq_len={self.max_seq_len}, "
-                f"interleaved={self.interleaved}")
+                f"interleaved={self.interleaved}{extra}")
 
 
 # ---------------------------------------------------------------- ALiBi

@@ -94,3 +94,15 @@ if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these
     from llmbook.nbtools import run_solution_tests
 
     raise SystemExit(run_solution_tests(__file__))
+
+
+def qk_norm_weight_floor(d_head: int, T: int) -> float:
+    """Exercise 5: the smallest weight a key can get under QK-norm with unit gains, T keys.
+
+    RMS-normalised vectors have length sqrt(d_head), so by Cauchy-Schwarz the scaled score
+    q.k / sqrt(d_head) lies in [-sqrt(d_head), sqrt(d_head)]. A key's weight is smallest when
+    its score is the lowest possible and the T - 1 others the highest:
+    e^{-r} / (e^{-r} + (T - 1) e^{r}) = 1 / (1 + (T - 1) e^{2r}), r = sqrt(d_head).
+    """
+    r = math.sqrt(d_head)
+    return 1.0 / (1.0 + (T - 1) * math.exp(2 * r))

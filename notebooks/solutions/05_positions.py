@@ -97,3 +97,13 @@ if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these
     from llmbook.nbtools import run_solution_tests
 
     raise SystemExit(run_solution_tests(__file__))
+
+
+def pair_rotations(d_head: int, base: float, context: int) -> torch.Tensor:
+    """Exercise 5: the number of turns r_j = L theta_j / (2 pi) each RoPE pair makes over L tokens.
+
+    YaRN (Peng et al., 2023) sorts the pairs by this count over the trained context L_0:
+    r_j > beta_fast (32) keeps theta_j, r_j < beta_slow (1) divides it by the factor, and a
+    linear ramp in the pair index blends the two in between.
+    """
+    return context * rope_frequencies(d_head, base) / (2 * torch.pi)  # (d/2,)
