@@ -18,6 +18,7 @@ from llmbook.training.autograd import (
     finite_difference,
     gradcheck,
     mse_loss,
+    numeric_gradient,
     topological_order,
 )
 
@@ -437,3 +438,60 @@ def test_gradcheck_handles_non_contiguous_and_unused_inputs():
     b = torch.randn(2, dtype=F64)  # unused: gradient 0 both ways
     res = gradcheck(lambda p, q: (p.tanh() ** 2).sum(), (a, b))
     assert res and torch.equal(res.analytic[1], torch.zeros(2, dtype=F64))
+
+
+# ---------------------------------------------------------------- numeric_gradient
+
+
+def test_numeric_gradient_worked_example_and_non_square_inputs():
+    x = torch.tensor([1.0, 2.0, 3.0], dtype=F64)
+    (gx,) = numeric_gradient(lambda t: (t**2).sum(), x, eps=1e-5)
+    assert torch.allclose(gx, torch.tensor([2.0, 4.0, 6.0], dtype=F64), atol=1e-9, rtol=0)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(2, 3, generator=g, dtype=F64)
+    b = torch.randn(3, 4, generator=g, dtype=F64)
+    a_before, b_before = a.clone(), b.clone()
+    ga, gb = numeric_gradient(lambda p, q: (p @ q).sum(), (a, b), eps=1e-6)
+    # d sum(AB)/dA_ij = sum_k B_jk, d/dB_jk = sum_i A_ij (by hand)
+    assert ga.shape == (2, 3) and gb.shape == (3, 4)
+    assert torch.allclose(ga, b.sum(1).expand(2, 3), atol=1e-8, rtol=0)
+    assert torch.allclose(gb, a.sum(0)[:, None].expand(3, 4), atol=1e-8, rtol=0)
+    assert torch.equal(a, a_before) and torch.equal(b, b_before)  # inputs untouched
+
+
+def test_numeric_gradient_equals_autograd_on_a_smooth_function():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 5, generator=g, dtype=F64)
+    w = torch.randn(5, generator=g, dtype=F64)
+
+    def f(t, v):
+        return torch.log1p(torch.exp(t @ v)).sum() + torch.sin(t).prod()
+
+    xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+    auto = torch.autograd.grad(f(xs, ws), (xs, ws))
+    num = numeric_gradient(f, (x, w), eps=1e-5)
+    for a_, n_ in zip(auto, num, strict=True):
+        assert (a_ - n_).abs().max() < 1e-8
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(-3, 3), min_size=1, max_size=6), st.floats(-2, 2))
+def test_numeric_gradient_is_exact_for_quadratics(values, c):
+    # the central difference of a quadratic has no truncation error: only round-off remains
+    x = torch.tensor(values, dtype=F64)
+    (gx,) = numeric_gradient(lambda t: c * (t**2).sum() + t.sum(), x, eps=1e-3)
+    assert torch.allclose(gx, 2 * c * x + 1, atol=1e-9, rtol=0)
+
+
+def test_numeric_gradient_bad_input():
+    x = torch.zeros(3, dtype=F64)
+    with pytest.raises(TypeError, match="input 0"):
+        numeric_gradient(lambda t: t.sum(), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(TypeError, match="input 1"):
+        numeric_gradient(lambda a, b: a.sum(), (x, [1.0]))
+    with pytest.raises(ValueError, match="eps"):
+        numeric_gradient(lambda t: t.sum(), x, eps=0.0)
+    with pytest.raises(ValueError, match="eps"):
+        numeric_gradient(lambda t: t.sum(), x, eps=True)
+    with pytest.raises(ValueError, match="at least one"):
+        numeric_gradient(lambda: 0.0, ())

@@ -1,4 +1,7 @@
-"""Tests for llmbook.transformer.hf_loading: our model equals Hugging Face GPT-2, Llama and Qwen2."""
+"""Tests for llmbook.transformer.hf_loading: our model equals Hugging Face GPT-2, Llama (3.x), Qwen2,
+Qwen3, Mistral and OLMo 2."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -11,9 +14,13 @@ from transformers import (
     LlamaForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 from llmbook.transformer.hf_loading import config_from_hf, from_hf, randomize_parameters_
+from llmbook.transformer.model import QKNormAttention, TransformerLM
+from llmbook.transformer.sizing import count_parameters
 
 
 def hf_model(family: str, tied: bool | None = None, impl: str = "eager") -> nn.Module:
@@ -115,8 +122,7 @@ def test_unsupported_models_are_rejected():
     rope = LlamaConfig(vocab_size=20, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                        num_attention_heads=2,
                        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4})
-    with pytest.raises(ValueError, match=r"rope_type='linear'"):
-        config_from_hf(LlamaForCausalLM(rope))
+    assert config_from_hf(LlamaForCausalLM(rope)).rope_scaling["factor"] == 2.0  # linear: supported
     gpt = GPT2Config(vocab_size=20, n_positions=8, n_embd=8, n_layer=1, n_head=2, bos_token_id=0,
                      eos_token_id=0, scale_attn_by_inverse_layer_idx=True)
     with pytest.raises(ValueError, match="scale_attn_by_inverse_layer_idx"):
@@ -131,3 +137,136 @@ def test_randomize_parameters_keeps_ties_and_moves_norms():
     assert hf.model.layers[0].self_attn.q_proj.bias.abs().max() > 0
     with pytest.raises(ValueError, match="std must be positive"):
         randomize_parameters_(hf, 0.0)
+
+
+def qwen3_model(impl: str = "eager", **kw) -> nn.Module:
+    """A small random Qwen3 (QK-norm) with a non-default RoPE base and RMSNorm eps, and
+    head_dim = 16 != hidden_size / heads = 12; noise on every parameter, norms included."""
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=101, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=40,
+               rms_norm_eps=0.01, rope_parameters={"rope_type": "default", "rope_theta": 300.0},
+               attn_implementation=impl)
+    cfg.update(kw)
+    model = Qwen3ForCausalLM(Qwen3Config(**cfg))
+    randomize_parameters_(model, 0.1, torch.Generator().manual_seed(1))
+    return model.eval()
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_qwen3_logits_equal_hugging_face(impl):
+    hf = qwen3_model(impl)
+    ours = from_hf(hf).eval()
+    c = ours.config
+    assert c.qk_norm and (c.d_head, c.norm_eps, c.rope_theta) == (16, 0.01, 300.0)
+    assert isinstance(ours.blocks[1].attn, QKNormAttention)
+    assert torch.equal(ours.blocks[1].attn.k_norm.weight, hf.model.layers[1].self_attn.k_norm.weight)
+    ids = torch.randint(0, 101, (3, 13), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        for fused in (True, False):
+            ours.set_fused_attention(fused)
+            assert (ours(ids) - ref).abs().max().item() < 1e-5
+        # the QK-norm matters: without it (gains and all) the logits are far off
+        ours.blocks[0].attn.q_norm.eps = 1.0
+        assert (ours(ids) - ref).abs().max().item() > 1e-2
+    assert ref.std() > 0.5
+    assert ours.num_parameters() == sum(p.numel() for p in hf.parameters()) == count_parameters(c)
+
+
+def test_qwen3_in_float64_agrees_to_float32_roundoff():
+    hf = qwen3_model().double()
+    ours = from_hf(hf)
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(3))  # all 40 positions
+    with torch.no_grad():
+        err = (ours(ids) - hf(ids).logits).abs().max().item()
+    assert err < 1e-5  # Hugging Face's RMSNorm computes in float32
+
+
+def test_qwen3_options_not_implemented_are_rejected():
+    with pytest.raises(ValueError, match="use_sliding_window"):
+        config_from_hf(qwen3_model(use_sliding_window=True, sliding_window=8, max_window_layers=0))
+    with pytest.raises(ValueError, match="attention_dropout"):
+        config_from_hf(qwen3_model(attention_dropout=0.1))
+    with pytest.raises(ValueError, match="layer_types"):
+        config_from_hf(qwen3_model(layer_types=["full_attention", "sliding_attention"], sliding_window=8))
+
+
+ARCHITECTURES = {
+    # name: (model class, config class, options, the config switch that the option sets)
+    "mistral": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=5, head_dim=16), "sliding_window"),
+    "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(bos_token_id=0, eos_token_id=0, pad_token_id=0),
+              "norm_position"),
+    "llama3": ("LlamaForCausalLM", "LlamaConfig", dict(max_position_embeddings=64, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 16}), "rope_scaling"),
+}
+
+
+def architecture_model(name: str, impl: str = "eager") -> nn.Module:
+    import transformers
+    model_cls, config_cls, options, _ = ARCHITECTURES[name]
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=101, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=40,
+               rms_norm_eps=0.01, attn_implementation=impl)
+    cfg.update(options)
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**cfg))
+    randomize_parameters_(model, 0.1, torch.Generator().manual_seed(1))
+    return model.eval()
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_more_architectures_equal_hugging_face(name, impl):
+    hf = architecture_model(name, impl)
+    ours = from_hf(hf).eval()
+    ids = torch.randint(0, 101, (3, 13), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        for fused in (True, False):
+            ours.set_fused_attention(fused)
+            assert (ours(ids) - ref).abs().max().item() < 1e-5, (name, impl, fused)
+        assert ref.std() > 0.5
+        # the architecture's own switch matters: the same weights without it are far off
+        switch = ARCHITECTURES[name][3]
+        plain = TransformerLM(dataclasses.replace(ours.config, **{switch: {"sliding_window": None,
+                              "norm_position": "pre", "rope_scaling": None}[switch]})).eval()
+        plain.load_state_dict(ours.state_dict())
+        assert (plain(ids) - ref).abs().max().item() > 1e-2
+    assert ours.num_parameters() == sum(p.numel() for p in hf.parameters()) == count_parameters(ours.config)
+
+
+def test_architecture_switches_are_read():
+    assert from_hf(architecture_model("mistral")).config.sliding_window == 5
+    c = from_hf(architecture_model("olmo2")).config
+    assert (c.norm_position, c.qk_norm, c.qk_norm_scope) == ("post", True, "all")
+    assert from_hf(architecture_model("llama3")).config.rope_scaling["rope_type"] == "llama3"
+
+
+def test_sliding_window_with_a_cache_equals_the_full_pass():
+    from llmbook.inference.kvcache import KVCache
+
+    ours = from_hf(architecture_model("mistral")).eval()
+    c = ours.config
+    ids = torch.randint(0, 101, (2, 11), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = ours(ids)
+        cache = KVCache(c.n_layers, 2, c.n_kv_heads, 16, c.d_head)
+        steps = [ours(ids[:, :6], cache=cache)] + [ours(ids[:, t:t + 1], cache=cache) for t in range(6, 11)]
+    assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-5
+
+
+def test_unsupported_rope_scaling_and_gemma_are_rejected():
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    yarn = LlamaConfig(vocab_size=20, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                       num_attention_heads=2, rope_parameters={"rope_type": "yarn", "factor": 2.0,
+                                                               "rope_theta": 1e4})
+    with pytest.raises(ValueError, match="rope_type='yarn'"):
+        config_from_hf(LlamaForCausalLM(yarn))
+    gemma = Gemma2ForCausalLM(Gemma2Config(vocab_size=20, hidden_size=16, intermediate_size=32,
+                                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                           head_dim=8))
+    with pytest.raises(ValueError, match="model_type='gemma2'"):
+        from_hf(gemma)

@@ -12,6 +12,7 @@ from llmbook.transformer.model import (
     DecoderBlock,
     TransformerConfig,
     TransformerLM,
+    expected_initial_loss,
     minimal_forward,
 )
 
@@ -287,3 +288,147 @@ def test_minimal_forward_rejects_bad_input():
         minimal_forward(model, torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="ids"):
         minimal_forward(model, torch.zeros(1, 3))
+
+
+# ---------------------------------------------------------------- expected_initial_loss
+
+
+def test_expected_initial_loss_worked_examples():
+    assert expected_initial_loss(2, 0.0) == pytest.approx(math.log(2), abs=1e-15)
+    # V = 3, sigma^2 = 0, mu = log 2, r = 1/2: log(2 + 2) - log(2) / 2 = 1.5 log 2
+    assert expected_initial_loss(3, 0.0, math.log(2), 0.5) == pytest.approx(1.5 * math.log(2), abs=1e-15)
+    # the 1/V expansion of the docstring, at the book's tied model (V = 1024, d = 64)
+    V, s2, mu, r = 1024, 0.02**2 * 64, 0.73, 0.04
+    series = math.log(V) + s2 / 2 + (math.exp(mu - s2 / 2) - 1) / V - r * mu
+    assert abs(expected_initial_loss(V, s2, mu, r) - series) < 1e-5
+
+
+def test_expected_initial_loss_against_simulated_logits():
+    # a peer by simulation: V - 1 logits N(0, sigma^2), the current token's logit mu, and a
+    # target equal to the current token with probability r; F.cross_entropy scores them
+    g = torch.Generator().manual_seed(0)
+    V, sigma, mu, r, n = 200, 0.3, 1.5, 0.2, 20_000
+    z = sigma * torch.randn(n, V, generator=g, dtype=torch.float64)
+    z[:, 0] = mu  # token 0 is the current token
+    repeat = torch.rand(n, generator=g, dtype=torch.float64) < r
+    other = torch.randint(1, V, (n,), generator=g)
+    target = torch.where(repeat, torch.zeros_like(other), other)
+    losses = torch.nn.functional.cross_entropy(z, target, reduction="none")
+    se = losses.std().item() / math.sqrt(n)
+    predicted = expected_initial_loss(V, sigma**2, mu, r)
+    # 5 standard errors plus the Jensen gap of log E[S] vs E[log S], about var(S)/(2 E[S]^2)
+    jensen = (math.exp(sigma**2) - 1) / (2 * V)
+    assert abs(losses.mean().item() - predicted) < 5 * se + jensen
+    # and the untied formula (mu ignored) is far outside that interval
+    assert abs(losses.mean().item() - expected_initial_loss(V, sigma**2)) > 20 * se
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(2, 100_000), st.floats(0, 1))
+def test_expected_initial_loss_untied_is_log_v_plus_half_sigma2(V, s2):
+    got = expected_initial_loss(V, s2)
+    assert math.log(V) + s2 / 2 - s2 / V - 1e-12 <= got <= math.log(V) + s2 / 2 + 1e-12
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.floats(0.01, 3), st.floats(0, 0.5))
+def test_expected_initial_loss_falls_with_repeats_when_mu_is_positive(mu, r):
+    assert expected_initial_loss(1024, 0.03, mu, r + 0.1) < expected_initial_loss(1024, 0.03, mu, r)
+
+
+@pytest.mark.parametrize(("args", "error", "message"), [
+    (("10", 0.1), TypeError, "vocab_size"), ((1, 0.1), ValueError, "vocab_size"),
+    ((10, -0.1), ValueError, "logit_var"), ((10, 0.1, "a"), TypeError, "self_logit"),
+    ((10, 0.1, float("nan")), ValueError, "self_logit"), ((10, 0.1, 0.5, 1.5), ValueError, "repeat_rate"),
+])
+def test_expected_initial_loss_bad_input(args, error, message):
+    with pytest.raises(error, match=message):
+        expected_initial_loss(*args)
+
+
+# ---------------------------------------------------------------- QK-norm
+
+
+def test_qk_norm_normalises_each_head_before_rope():
+    c = tiny("llama", qk_norm=True, d_model=24, n_heads=4, n_kv_heads=2, d_head=10, norm_eps=1e-6)
+    m = TransformerLM(c, generator=torch.Generator().manual_seed(0)).double()
+    attn = m.blocks[0].attn
+    x = 3.0 * torch.randn(2, 7, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    q, k, _ = attn.project_qkv(x)  # no rope: the normalised heads themselves
+    assert q.shape == (2, 4, 7, 10) and k.shape == (2, 2, 7, 10)
+    # unit gains: every head has mean square 1 (up to eps), whatever the size of x
+    assert torch.allclose(q.pow(2).mean(-1), torch.ones(2, 4, 7, dtype=torch.float64), atol=1e-3)
+    # by hand: RMSNorm of the raw projection, head by head
+    raw = attn.k_proj(x).unflatten(-1, (2, 10)).transpose(1, 2)
+    assert torch.allclose(k, raw / raw.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt(), atol=1e-12)
+    assert m.num_parameters() == TransformerLM(tiny("llama", d_model=24, n_heads=4, n_kv_heads=2,
+                                                   d_head=10)).num_parameters() + 2 * 2 * 10
+
+
+def test_qk_norm_needs_rmsnorm():
+    with pytest.raises(ValueError, match="qk_norm"):
+        tiny("gpt2", qk_norm=True)
+
+
+# ---------------------------------------------------------------- sliding window, post-norm, options
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 4), st.integers(0, 10**6))
+def test_sliding_window_receptive_field_is_l_times_w_minus_one(W, seed):
+    # with L layers of window W, position t sees tokens back to t - L (W - 1), no further
+    L, T = 2, 14
+    m = TransformerLM(tiny("llama", n_layers=L, sliding_window=W, max_seq_len=T),
+                      generator=torch.Generator().manual_seed(0)).double()
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 37, (1, T), generator=g)
+    t = T - 1
+    far, near = t - L * (W - 1) - 1, t - L * (W - 1)
+    with torch.no_grad():
+        base = m(ids)[0, t]
+        changed = ids.clone()
+        changed[0, : far + 1] = (changed[0, : far + 1] + 1) % 37  # everything out of reach
+        assert torch.allclose(m(changed)[0, t], base, atol=1e-12)
+        reach = ids.clone()
+        reach[0, near] = (reach[0, near] + 1) % 37  # the oldest token in reach
+        assert not torch.allclose(m(reach)[0, t], base, atol=1e-9)
+
+
+def test_post_norm_block_normalises_the_sublayer_outputs():
+    c = tiny("llama", norm_position="post")
+    block = DecoderBlock(c).double()
+    x = torch.randn(2, 5, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        h = x + block.attn_norm(block.attn(x))
+        assert torch.allclose(block(x), h + block.mlp_norm(block.mlp(h)), atol=1e-12)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(qk_norm=True, qk_norm_scope="heads"), "qk_norm_scope"),
+    (dict(norm_position="sandwich"), "norm_position"),
+    (dict(sliding_window=0), "sliding_window"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}), "rope_scaling"),
+    (dict(rope_scaling={"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5}), "rope_scaling"),
+])
+def test_new_options_reject_bad_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        tiny("llama", **kwargs)
+    with pytest.raises(TypeError, match="rope_scaling"):
+        tiny("llama", rope_scaling="llama3")
+
+
+def test_minimal_forward_refuses_a_sliding_window():
+    m = TransformerLM(tiny("llama", sliding_window=3))
+    with pytest.raises(ValueError, match="sliding-window"):
+        minimal_forward(m, torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_to_dict_leaves_out_later_options_at_their_defaults():
+    c = tiny("llama")
+    d = c.to_dict()
+    assert not {"qk_norm", "qk_norm_scope", "norm_position", "sliding_window", "rope_scaling"} & set(d)
+    assert TransformerConfig(**d) == c
+    c2 = tiny("llama", qk_norm=True, sliding_window=4)
+    d2 = c2.to_dict()
+    assert d2["qk_norm"] is True and d2["sliding_window"] == 4 and "norm_position" not in d2
+    assert TransformerConfig(**d2) == c2

@@ -1,6 +1,8 @@
 """The exercise solutions of notebooks/07_decoder hold."""
 
 
+import math
+
 import pytest
 import torch
 from solution_loader import load_solutions
@@ -88,3 +90,26 @@ def test_exercise_5_uniform_bits_per_byte():
     assert bpb_bpe < bpb and ppl_bpe > ppl  # higher perplexity per token, fewer bits per byte
     # a text of two-byte characters: bytes per character double, bits per byte stay 8
     assert solutions.uniform_bits_per_byte("é" * 50)[1] == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_exercise_6_qk_norm_bounds_the_scores(qk_norm):
+    # one layer: with two, the scaled scores of layer 1 change what layer 2 reads (not so
+    # with QK-norm, where nothing changes); eps tiny so that the norm is scale-invariant
+    c = TransformerConfig.llama_style(vocab_size=53, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
+                                      d_head=12, max_seq_len=16, qk_norm=qk_norm, norm_eps=1e-12)
+    model = TransformerLM(c, generator=torch.Generator().manual_seed(0)).double()
+    randomize_parameters_(model, 0.1, torch.Generator().manual_seed(1))  # gains away from 1
+    ids = torch.randint(0, 53, (2, 11), generator=torch.Generator().manual_seed(2))
+    base = solutions.max_attention_score(model, ids)
+    grown = [solutions.max_attention_score(solutions.scale_queries_and_keys(model, f), ids) for f in (10.0, 100.0)]
+    if qk_norm:
+        # Cauchy-Schwarz: |q . k| <= |g_q|_inf |g_k|_inf d_h after the norm, times 1/sqrt(d_h)
+        attn = model.blocks[0].attn
+        bound = attn.q_norm.weight.abs().max().item() * attn.k_norm.weight.abs().max().item() * math.sqrt(12)
+        assert max(base, *grown) <= bound
+        assert all(abs(s_ - base) < 1e-6 * base for s_ in grown)  # scale-invariant (up to eps)
+    else:
+        # no bias, no norm between the projections and the scores: they grow as c^2
+        assert grown[0] == pytest.approx(100 * base, rel=1e-9)
+        assert grown[1] == pytest.approx(10_000 * base, rel=1e-9)

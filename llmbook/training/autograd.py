@@ -23,6 +23,8 @@ Contents:
 * :class:`Neuron`, :class:`Layer`, :class:`MLP`, :func:`mse_loss` - a multilayer perceptron
   of Values, initialised as ``torch.nn.Linear`` is, so that it can be compared with PyTorch;
 * :func:`finite_difference` - forward and central difference quotients;
+* :func:`numeric_gradient` - the central-difference gradient of a scalar function of
+  tensors, with no autograd involved;
 * :func:`gradcheck` - a float64 central-difference check of autograd gradients.
 """
 
@@ -47,6 +49,7 @@ __all__ = [
     "finite_difference",
     "gradcheck",
     "mse_loss",
+    "numeric_gradient",
     "topological_order",
 ]
 
@@ -411,6 +414,43 @@ def _unravel(k: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(index))
 
 
+def numeric_gradient(f: Callable[..., Tensor | float], inputs: Tensor | Sequence[Tensor],
+                     eps: float = 1e-6) -> tuple[Tensor, ...]:
+    """Central-difference gradient of a scalar function of tensors, entry by entry.
+
+    ``f(*inputs)`` returns a scalar (a one-element tensor or a float); for every entry x_i
+    of every input the result holds (f(x + eps e_i) - f(x - eps e_i)) / (2 eps), with the
+    input's shape (one tensor per input). No autograd is involved, so this is an
+    independent witness for any analytic gradient; its error is about
+    (eps^2 / 6) |f^(3)| + u |f| / eps (section 8.9 of notebooks/08_backpropagation).
+    The inputs are copied, never changed; they must be floating-point tensors.
+    """
+    inputs = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
+    if not inputs:
+        raise ValueError("numeric_gradient needs at least one input tensor")
+    for i, x in enumerate(inputs):
+        if not isinstance(x, Tensor) or not x.is_floating_point():
+            raise TypeError(f"numeric_gradient: input {i} must be a floating-point tensor, got "
+                            f"{getattr(x, 'dtype', type(x).__name__)}")
+    if isinstance(eps, bool) or not (isinstance(eps, numbers.Real) and eps > 0):
+        raise ValueError(f"eps must be a positive number, got {eps!r}")
+    numeric = []
+    base = [x.detach().clone(memory_format=torch.contiguous_format) for x in inputs]
+    for x in base:
+        num = torch.zeros_like(x)
+        flat, num_flat = x.view(-1), num.view(-1)
+        for j in range(flat.numel()):
+            old = flat[j].item()
+            flat[j] = old + eps
+            plus = float(f(*base))
+            flat[j] = old - eps
+            minus = float(f(*base))
+            flat[j] = old
+            num_flat[j] = (plus - minus) / (2 * eps)
+        numeric.append(num)
+    return tuple(numeric)
+
+
 def gradcheck(f: Callable[..., Tensor], inputs: Tensor | Sequence[Tensor], eps: float = 1e-6,
               atol: float = 1e-5, rtol: float = 1e-3, seed: int = 0,
               raise_exception: bool = False) -> GradcheckResult:
@@ -461,20 +501,7 @@ def gradcheck(f: Callable[..., Tensor], inputs: Tensor | Sequence[Tensor], eps: 
         with torch.no_grad():
             return float((v * f(*args)).sum())
 
-    numeric = []
-    base = [x.detach().clone(memory_format=torch.contiguous_format) for x in inputs]
-    for x in base:
-        num = torch.zeros_like(x)
-        flat, num_flat = x.view(-1), num.view(-1)
-        for j in range(flat.numel()):
-            old = flat[j].item()
-            flat[j] = old + eps
-            plus = projected(*base)
-            flat[j] = old - eps
-            minus = projected(*base)
-            flat[j] = old
-            num_flat[j] = (plus - minus) / (2 * eps)
-        numeric.append(num)
+    numeric = numeric_gradient(projected, inputs, eps)
 
     passed, max_err, worst, worst_excess = True, 0.0, (0, (0,) * inputs[0].ndim), -math.inf
     for i, (a, n) in enumerate(zip(analytic, numeric, strict=True)):

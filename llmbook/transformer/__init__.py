@@ -12,10 +12,11 @@ Chapter → module → what it defines:
 * 6 Norms and the feed-forward layer → :mod:`~llmbook.transformer.layers`:
   ``LayerNorm``, ``RMSNorm`` and their Jacobians, ``gelu``, ``MLP``, ``SwiGLU``.
 * 7 The decoder → :mod:`~llmbook.transformer.model`: ``TransformerConfig`` (GPT-2,
-  Llama, Qwen2 styles), ``DecoderBlock``, ``TransformerLM`` and ``minimal_forward`` (its
-  teaching version);
+  Llama, Qwen2 styles; QK-norm, post-norm, sliding window, RoPE scaling options),
+  ``QKNormAttention``, ``DecoderBlock``, ``TransformerLM``, ``minimal_forward`` (its
+  teaching version) and ``expected_initial_loss`` (tied and untied);
   :mod:`~llmbook.transformer.hf_loading`: ``from_hf`` and ``config_from_hf`` (Hugging
-  Face weights into the book's model); :mod:`~llmbook.transformer.sizing`: closed-form
+  Face GPT-2, Llama 3.x, Qwen2/3, Mistral and OLMo 2 weights into the book's model); :mod:`~llmbook.transformer.sizing`: closed-form
   ``count_parameters`` and ``flops_per_token``, numeric and symbolic, built term by term
   from the layers' shapes (``parameter_terms_symbolic``, ``flops_terms_symbolic``).
 * 6, 7 (and 12) The published worked example → :mod:`~llmbook.transformer.worked_example`:

@@ -1,4 +1,6 @@
-"""Load Hugging Face ``transformers`` GPT-2, Llama and Qwen2 models into :class:`TransformerLM`.
+"""Load Hugging Face ``transformers`` decoders into :class:`TransformerLM`.
+
+GPT-2, Llama (and Llama 3.x's RoPE scaling), Qwen2, Qwen3, Mistral and OLMo 2.
 
 Introduced in notebooks/07_decoder. The three families are the same decoder with different
 switches, so loading one is two steps: read the switches from the Hugging Face config
@@ -8,14 +10,23 @@ switches, so loading one is two steps: read the switches from the Hugging Face c
   :class:`~llmbook.transformer.model.TransformerLM` follow theirs (``q_proj`` ... ``down_proj``), so
   ``model.layers.{l}.self_attn.q_proj.weight`` goes to ``blocks.{l}.attn.q_proj.weight``
   unchanged. The rotary tables use the half-split pairing of these checkpoints.
+* **Qwen3** (``Qwen3ForCausalLM``): Llama's block with an RMSNorm on every query and key
+  head before the rotation (QK-norm; ``self_attn.q_norm`` and ``k_norm`` map to the
+  ``q_norm`` and ``k_norm`` of :class:`~llmbook.transformer.model.QKNormAttention`).
+* **Mistral** (``MistralForCausalLM``): Llama's block with sliding-window attention.
+* **OLMo 2** (``Olmo2ForCausalLM``): the norms after the sub-layers (x + Norm(f(x))), and
+  QK-norm over all heads at once; its ``post_attention_layernorm`` and
+  ``post_feedforward_layernorm`` become ``attn_norm`` and ``mlp_norm``.
+* **Llama 3.x** RoPE scaling (``rope_type`` "llama3", and "linear") is read into
+  ``TransformerConfig.rope_scaling``.
 * **GPT-2** (``GPT2LMHeadModel``): its linear layers are ``Conv1D`` modules that compute
   x W + b with W stored as (d_in, d_out), the transpose of ``nn.Linear``'s (d_out, d_in);
   and its attention keeps W_Q, W_K, W_V side by side in one (d, 3d) matrix ``c_attn``.
   So every weight is transposed, and ``c_attn`` is split into three d-wide column blocks.
 
-Only what the book's model implements is accepted: an unsupported architecture, RoPE
-scaling, sliding-window attention or GPT-2's per-layer attention scaling is a
-``ValueError`` naming it. :func:`randomize_parameters_` adds noise to every parameter of a
+Only what the book's model implements is accepted: an unsupported architecture (Gemma 2
+and 3 among them), another RoPE scaling, Qwen's per-layer sliding windows, attention
+dropout or GPT-2's per-layer attention scaling is a ``ValueError`` naming it. :func:`randomize_parameters_` adds noise to every parameter of a
 freshly initialised model, so that a comparison exercises the norm gains and biases too
 (a new Hugging Face model has them at exactly 1 and 0).
 """
@@ -29,7 +40,7 @@ from llmbook.transformer.model import TransformerConfig, TransformerLM
 
 __all__ = ["config_from_hf", "from_hf", "randomize_parameters_"]
 
-SUPPORTED = ("gpt2", "llama", "qwen2")
+SUPPORTED = ("gpt2", "llama", "qwen2", "qwen3", "mistral", "olmo2")
 
 
 def _model_type(hf_model: object) -> str:
@@ -38,24 +49,32 @@ def _model_type(hf_model: object) -> str:
     name = type(hf_model).__name__
     if model_type not in SUPPORTED or not name.endswith(("LMHeadModel", "ForCausalLM")):
         raise ValueError(f"unsupported model {name} (model_type={model_type!r}); from_hf "
-                         f"takes GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM")
+                         f"takes GPT-2, Llama, Qwen2, Qwen3, Mistral and OLMo 2 causal LMs "
+                         f"(model_type in {list(SUPPORTED)})")
     return model_type
 
 
-def _rope_theta(hf_config: object) -> float:
-    """RoPE base from ``rope_parameters`` (transformers 5.x) or ``rope_theta`` (4.x)."""
-    params = getattr(hf_config, "rope_parameters", None) or {}
+def _rope(hf_config: object) -> tuple[float, dict | None]:
+    """RoPE base and scaling from ``rope_parameters`` (transformers 5.x) or ``rope_theta`` (4.x).
+
+    The scaling is None for plain RoPE, else the dict (types "linear" and "llama3")."""
+    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
-        raise ValueError(f"unsupported RoPE variant rope_type={rope_type!r} (only 'default')")
+    if rope_type not in ("default", "linear", "llama3"):
+        raise ValueError(f"unsupported RoPE variant rope_type={rope_type!r} "
+                         f"(supported: 'default', 'linear', 'llama3')")
+    if params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError("unsupported partial RoPE (partial_rotary_factor != 1)")
     theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
     if theta is None:
         raise ValueError("the Hugging Face config has no rope_theta")
-    return float(theta)
+    return float(theta), (None if rope_type == "default" else params)
 
 
 def config_from_hf(hf_model: nn.Module) -> TransformerConfig:
-    """The :class:`TransformerConfig` of a Hugging Face GPT-2, Llama or Qwen2 causal LM."""
+    """The :class:`TransformerConfig` of a Hugging Face GPT-2, Llama, Qwen2 or Qwen3 causal LM.
+
+    An option the book's model does not implement is a ``ValueError`` naming it."""
     kind = _model_type(hf_model)
     hc = hf_model.config
     if kind == "gpt2":
@@ -69,22 +88,32 @@ def config_from_hf(hf_model: nn.Module) -> TransformerConfig:
             max_seq_len=hc.n_positions, d_ff=hc.n_inner or 4 * hc.n_embd,
             norm_eps=hc.layer_norm_epsilon, activation=hc.activation_function,
             tie_embeddings=bool(hc.tie_word_embeddings))
-    if getattr(hc, "use_sliding_window", False):
+    if kind != "mistral" and getattr(hc, "use_sliding_window", False):
         raise ValueError("unsupported option use_sliding_window=True (sliding-window attention)")
+    layer_types = set(getattr(hc, "layer_types", None) or ["full_attention"])
+    if layer_types != {"full_attention"}:
+        raise ValueError(f"unsupported layer_types {sorted(layer_types)} (only 'full_attention')")
+    if getattr(hc, "attention_dropout", 0.0):
+        raise ValueError(f"unsupported attention_dropout={hc.attention_dropout} (only 0)")
     if hc.hidden_act not in ("silu", "swish"):
         raise ValueError(f"unsupported hidden_act={hc.hidden_act!r} for SwiGLU (need 'silu')")
-    if kind == "llama":
-        attn_bias = bool(hc.attention_bias)
-        bias = dict(qkv_bias=attn_bias, out_bias=attn_bias, mlp_bias=bool(hc.mlp_bias))
+    if kind in ("llama", "qwen3", "mistral", "olmo2"):
+        attn_bias = bool(getattr(hc, "attention_bias", False))
+        bias = dict(qkv_bias=attn_bias, out_bias=attn_bias,
+                    mlp_bias=bool(getattr(hc, "mlp_bias", False)))
     else:  # qwen2: bias on q, k, v only
         bias = dict(qkv_bias=True, out_bias=False, mlp_bias=False)
+    theta, scaling = _rope(hc)
     return TransformerConfig.llama_style(
         vocab_size=hc.vocab_size, d_model=hc.hidden_size, n_layers=hc.num_hidden_layers,
         n_heads=hc.num_attention_heads, n_kv_heads=hc.num_key_value_heads,
         d_head=getattr(hc, "head_dim", None) or hc.hidden_size // hc.num_attention_heads,
         d_ff=hc.intermediate_size, max_seq_len=hc.max_position_embeddings,
-        norm_eps=hc.rms_norm_eps, rope_theta=_rope_theta(hc),
-        tie_embeddings=bool(hc.tie_word_embeddings), **bias)
+        norm_eps=hc.rms_norm_eps, rope_theta=theta, rope_scaling=scaling,
+        tie_embeddings=bool(hc.tie_word_embeddings), qk_norm=kind in ("qwen3", "olmo2"),
+        qk_norm_scope="all" if kind == "olmo2" else "head",
+        norm_position="post" if kind == "olmo2" else "pre",
+        sliding_window=getattr(hc, "sliding_window", None) if kind == "mistral" else None, **bias)
 
 
 def _gpt2_state(sd: dict[str, Tensor], n_layers: int, d: int, tied: bool) -> dict[str, Tensor]:
@@ -111,14 +140,20 @@ def _gpt2_state(sd: dict[str, Tensor], n_layers: int, d: int, tied: bool) -> dic
     return out
 
 
-def _llama_state(sd: dict[str, Tensor], n_layers: int, tied: bool) -> dict[str, Tensor]:
-    """Llama/Qwen2's state dict renamed to ours (no tensor changes)."""
+def _llama_state(sd: dict[str, Tensor], n_layers: int, tied: bool,
+                 post_norm: bool = False) -> dict[str, Tensor]:
+    """Llama/Qwen2/Qwen3/Mistral/OLMo 2's state dict renamed to ours (no tensor changes).
+
+    Pre-norm models: ``input_layernorm`` -> ``attn_norm``, ``post_attention_layernorm`` (the
+    norm *before* the MLP, despite its name) -> ``mlp_norm``. OLMo 2 (``post_norm``):
+    ``post_attention_layernorm`` -> ``attn_norm``, ``post_feedforward_layernorm`` -> ``mlp_norm``."""
     out = {"embed.weight": sd["model.embed_tokens.weight"],
            "final_norm.weight": sd["model.norm.weight"]}
     if not tied:
         out["lm_head.weight"] = sd["lm_head.weight"]
-    renames = {"self_attn.": "attn.", "input_layernorm.": "attn_norm.",
-               "post_attention_layernorm.": "mlp_norm.", "mlp.": "mlp."}
+    renames = {"self_attn.": "attn.", "mlp.": "mlp."}
+    renames |= ({"post_attention_layernorm.": "attn_norm.", "post_feedforward_layernorm.": "mlp_norm."}
+                if post_norm else {"input_layernorm.": "attn_norm.", "post_attention_layernorm.": "mlp_norm."})
     for key, value in sd.items():
         if not key.startswith("model.layers."):
             continue
@@ -132,8 +167,9 @@ def _llama_state(sd: dict[str, Tensor], n_layers: int, tied: bool) -> dict[str, 
 def from_hf(hf_model: nn.Module) -> TransformerLM:
     """A :class:`TransformerLM` with the configuration and weights of ``hf_model``.
 
-    ``hf_model`` is a ``transformers`` ``GPT2LMHeadModel``, ``LlamaForCausalLM`` or
-    ``Qwen2ForCausalLM``; the result has its dtype and device, and computes the same logits
+    ``hf_model`` is a ``transformers`` ``GPT2LMHeadModel``, ``LlamaForCausalLM``,
+    ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``MistralForCausalLM`` or
+    ``Olmo2ForCausalLM``; the result has its dtype and device, and computes the same logits
     (to round-off) for the same ids. The weights are copied, not shared. Anything else is a
     ``ValueError`` naming the class and ``model_type``.
     """
@@ -142,7 +178,8 @@ def from_hf(hf_model: nn.Module) -> TransformerLM:
     if config.positions == "learned":
         state = _gpt2_state(sd, config.n_layers, config.d_model, config.tie_embeddings)
     else:
-        state = _llama_state(sd, config.n_layers, config.tie_embeddings)
+        state = _llama_state(sd, config.n_layers, config.tie_embeddings,
+                             post_norm=config.norm_position == "post")
     dtype = sd["lm_head.weight"].dtype if "lm_head.weight" in sd else next(iter(sd.values())).dtype
     device = next(iter(sd.values())).device
     with torch.device(device):

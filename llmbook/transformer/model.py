@@ -20,11 +20,14 @@ Contents:
 * :class:`TransformerConfig` - the hyper-parameters, validated at construction, with the
   named constructors :meth:`~TransformerConfig.gpt2_style`,
   :meth:`~TransformerConfig.llama_style` and :meth:`~TransformerConfig.qwen2_style`;
+* :class:`QKNormAttention` - attention with an RMSNorm on each query and key head (Qwen3);
 * :class:`DecoderBlock` - x + attn(norm(x)), then x + ffn(norm(x));
 * :class:`TransformerLM` - embeddings, L blocks, final norm, LM head;
 * :func:`minimal_forward` - the same forward pass in a dozen lines, without the cache,
   packing masks or input checks: the teaching version (equal to ``TransformerLM.forward``,
-  tested).
+  tested);
+* :func:`expected_initial_loss` - the cross-entropy to expect at initialisation, with the
+  correction that tied embeddings bring (the current token's own logit is raised).
 
 :func:`llmbook.transformer.hf_loading.from_hf` builds one from a Hugging Face GPT-2, Llama
 or Qwen2 model (that module imports this one, never the other way round).
@@ -47,13 +50,20 @@ from llmbook.text.embedding import TokenEmbedding
 from llmbook.transformer.attention import AttentionCache, MultiHeadAttention
 from llmbook.transformer.layers import ACTIVATIONS, MLP, LayerNorm, RMSNorm, SwiGLU
 from llmbook.transformer.positional import LearnedPositions, RotaryEmbedding, apply_rotary
-from llmbook.validation import check_positive_int
+from llmbook.validation import check_nonnegative_number, check_positive_int, check_probability
 
-__all__ = ["DecoderBlock", "TransformerConfig", "TransformerLM", "minimal_forward"]
+__all__ = ["DecoderBlock", "QKNormAttention", "TransformerConfig", "TransformerLM", "expected_initial_loss",
+           "minimal_forward"]
 
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
 MLPS = ("gelu", "swiglu")
+QK_NORM_SCOPES = ("head", "all")
+NORM_POSITIONS = ("pre", "post")
+ROPE_SCALINGS = ("default", "linear", "llama3")
+#: Options added after the first models were shipped, with their defaults (see ``to_dict``).
+LATER_OPTIONS: dict[str, Any] = {"qk_norm": False, "qk_norm_scope": "head", "norm_position": "pre",
+                                 "sliding_window": None, "rope_scaling": None}
 
 
 def _choice(name: str, value: object, options: tuple[str, ...]) -> None:
@@ -78,6 +88,13 @@ class TransformerConfig:
     keys, values) and ``out_bias`` (output projection), ``mlp_bias``; ``tie_embeddings``
     (LM head = E). ``init_std`` is the standard deviation of the initial weights and
     ``fused_attention`` selects PyTorch's fused attention kernel (see :class:`TransformerLM`).
+    ``qk_norm`` puts an RMSNorm (eps ``norm_eps``) on the queries and keys before the rotation
+    (:class:`QKNormAttention`): over each head of d_head entries (``qk_norm_scope="head"``,
+    Qwen3) or over all heads at once (``"all"``, OLMo 2). ``norm_position`` "pre" (default,
+    x + f(Norm x)) or "post" (x + Norm(f(x)), OLMo 2's reordered norm). ``sliding_window``
+    W lets position i attend only to j with i - j < W (Mistral; None: the whole prefix).
+    ``rope_scaling`` is a Hugging Face ``rope_parameters`` dict of type "linear" or
+    "llama3" (Llama 3.1), handed to :class:`~llmbook.transformer.positional.RotaryEmbedding`.
     """
 
     vocab_size: int
@@ -103,6 +120,11 @@ class TransformerConfig:
     tie_embeddings: bool = True
     init_std: float = 0.02
     fused_attention: bool = True
+    qk_norm: bool = False
+    qk_norm_scope: str = "head"
+    norm_position: str = "pre"
+    sliding_window: int | None = None
+    rope_scaling: dict | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
@@ -141,12 +163,31 @@ class TransformerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"{name} must be a positive number, got {name}={value!r}")
+        if self.qk_norm and self.norm != "rmsnorm":
+            raise ValueError("qk_norm=True normalises the heads with RMSNorm; it needs norm='rmsnorm'")
+        _choice("qk_norm_scope", self.qk_norm_scope, QK_NORM_SCOPES)
+        _choice("norm_position", self.norm_position, NORM_POSITIONS)
+        if self.sliding_window is not None:
+            check_positive_int("sliding_window", self.sliding_window)
+        if self.rope_scaling is not None:
+            if not isinstance(self.rope_scaling, dict):
+                raise TypeError(f"rope_scaling must be a dict or None, got {type(self.rope_scaling).__name__}")
+            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
+            if kind not in ROPE_SCALINGS or self.rope_scaling.get("partial_rotary_factor", 1.0) != 1.0:
+                raise ValueError(f"unsupported rope_scaling {self.rope_scaling!r}: the model takes rope_type "
+                                 f"in {list(ROPE_SCALINGS)} on every component of the head")
         if self.positions == "rope" and not self.rope_theta > 1:
             raise ValueError(f"rope_theta must be greater than 1, got {self.rope_theta}")
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a plain dict (e.g. for a checkpoint or a JSON file)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The fields as a plain dict (e.g. for a checkpoint or a JSON file).
+
+        The options added for newer architectures (:data:`LATER_OPTIONS`: QK-norm, the norms'
+        position, the sliding window, RoPE scaling) appear only when they differ from their
+        defaults, so that the recipes, hashes and recorded configurations written before they
+        existed still compare equal; ``TransformerConfig(**d)`` restores the defaults."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if not (f.name in LATER_OPTIONS and getattr(self, f.name) == LATER_OPTIONS[f.name])}
 
     @classmethod
     def gpt2_style(cls, vocab_size: int = 50257, d_model: int = 768, n_layers: int = 12,
@@ -194,8 +235,52 @@ class TransformerConfig:
                                n_heads=n_heads, max_seq_len=max_seq_len, **kw)
 
 
+class QKNormAttention(MultiHeadAttention):
+    """Multi-head attention with an RMSNorm on every query and key head (QK-norm).
+
+    Qwen3 (Yang et al., 2025, "Qwen3 Technical Report") normalises each head of Q and of K
+    over its d_head entries, with a learned gain shared by the heads (``q_norm``, ``k_norm``,
+    named as in Hugging Face's ``Qwen3Attention``; ``scope="head"``), *before* the rotary
+    embedding; OLMo 2 (OLMo et al., 2024, "2 OLMo 2 Furious") normalises the whole projection,
+    all heads at once (``scope="all"``, gains of H d_head and H_kv d_head entries). The scores
+    q . k / sqrt(d_head) are then bounded by the gains, whatever the size of the stream
+    (Dehghani et al., 2023, "Scaling Vision Transformers to 22 Billion Parameters", used it
+    against exploding attention logits). Arguments as :class:`MultiHeadAttention`, plus
+    ``eps`` for the two norms. Shapes as the parent's.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None,
+                 eps: float = 1e-6, scope: str = "head", **kwargs: Any) -> None:
+        super().__init__(d_model, n_heads, n_kv_heads, **kwargs)
+        _choice("scope", scope, QK_NORM_SCOPES)
+        self.scope = scope
+        whole = scope == "all"
+        self.q_norm = RMSNorm(self.d_head * (self.n_heads if whole else 1), eps=eps)
+        self.k_norm = RMSNorm(self.d_head * (self.n_kv_heads if whole else 1), eps=eps)
+
+    def project_qkv(self, x: Tensor, positions: Tensor | None = None,
+                    rope: Callable[[Tensor, Tensor], Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries and keys normalised, then rotated: (..., H, T, d_head), (..., H_kv, T, d_head)."""
+        self._check_x_and_positions(x, positions)
+        q, k = self.q_proj(x), self.k_proj(x)  # (..., T, H d_head), (..., T, H_kv d_head)
+        if self.scope == "all":  # OLMo 2: one norm over all heads
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.split_heads(q, self.n_heads), self.split_heads(k, self.n_kv_heads)  # (..., H, T, d_head)
+        v = self.split_heads(self.v_proj(x), self.n_kv_heads)  # (..., H_kv, T, d_head)
+        if self.scope == "head":  # Qwen3: each head on its own
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            if positions is None:
+                positions = torch.arange(x.shape[-2], device=x.device)  # (T,)
+            q, k = rope(q, positions), rope(k, positions)
+        return q, k, v
+
+
 class DecoderBlock(nn.Module):
     """One pre-norm decoder block: x + Attn(Norm(x)), then + FFN(Norm(x)).
+
+    With ``norm_position="post"`` (OLMo 2) the norms act on the sub-layers' outputs instead:
+    x + Norm(Attn(x)), then + Norm(FFN(x)).
 
     Submodules ``attn_norm``, ``attn`` (:class:`~llmbook.transformer.attention.MultiHeadAttention`),
     ``mlp_norm`` and ``mlp`` (:class:`~llmbook.transformer.layers.MLP` or :class:`~llmbook.transformer.layers.SwiGLU`).
@@ -206,9 +291,12 @@ class DecoderBlock(nn.Module):
         super().__init__()
         c = config
         self.attn_norm = _make_norm(c)
-        self.attn = MultiHeadAttention(c.d_model, c.n_heads, c.n_kv_heads, d_head=c.d_head,
-                                       qkv_bias=c.qkv_bias, out_bias=c.out_bias,
-                                       fused=c.fused_attention)
+        attention = dict(d_head=c.d_head, qkv_bias=c.qkv_bias, out_bias=c.out_bias,
+                         fused=c.fused_attention)
+        self.post_norm = c.norm_position == "post"
+        self.attn = QKNormAttention(c.d_model, c.n_heads, c.n_kv_heads, eps=c.norm_eps, scope=c.qk_norm_scope,
+                                    **attention) \
+            if c.qk_norm else MultiHeadAttention(c.d_model, c.n_heads, c.n_kv_heads, **attention)
         self.mlp_norm = _make_norm(c)
         if c.mlp == "gelu":
             self.mlp: nn.Module = MLP(c.d_model, c.d_ff, activation=c.activation, bias=c.mlp_bias)
@@ -219,6 +307,10 @@ class DecoderBlock(nn.Module):
                 rope: Callable[[Tensor, Tensor], Tensor] | None = None,
                 cache: AttentionCache | None = None, layer: int = 0,
                 mask: Tensor | None = None) -> Tensor:
+        if self.post_norm:  # OLMo 2: x + Norm(f(x))
+            x = x + self.attn_norm(self.attn(x, positions=positions, rope=rope, cache=cache,
+                                             layer=layer, mask=mask))  # (B, T, d)
+            return x + self.mlp_norm(self.mlp(x))  # (B, T, d)
         x = x + self.attn(self.attn_norm(x), positions=positions, rope=rope, cache=cache,
                           layer=layer, mask=mask)  # (B, T, d)
         return x + self.mlp(self.mlp_norm(x))  # (B, T, d)
@@ -260,8 +352,8 @@ class TransformerLM(nn.Module):
         self.embed = TokenEmbedding(c.vocab_size, c.d_model, std=c.init_std)
         self.pos_embed = LearnedPositions(c.max_seq_len, c.d_model, std=c.init_std) \
             if c.positions == "learned" else None
-        self.rope = RotaryEmbedding(c.d_head, c.rope_theta, c.max_seq_len, c.rope_interleaved) \
-            if c.positions == "rope" else None
+        self.rope = RotaryEmbedding(c.d_head, c.rope_theta, c.max_seq_len, c.rope_interleaved,
+                                    scaling=c.rope_scaling) if c.positions == "rope" else None
         self.blocks = nn.ModuleList(DecoderBlock(c) for _ in range(c.n_layers))
         self.final_norm = _make_norm(c)
         self.lm_head = None if c.tie_embeddings else nn.Linear(c.d_model, c.vocab_size, bias=False)
@@ -364,6 +456,7 @@ class TransformerLM(nn.Module):
         The logits are h E^T (or the untied head applied to h); a reward model (chapter 17)
         puts a scalar head on h instead.
         """
+        c = self.config
         if cache is not None:
             positions = self._check_cache(ids, positions, cache)
         positions = self._check_inputs(ids, positions)
@@ -381,6 +474,11 @@ class TransformerLM(nn.Module):
             def rope(t: Tensor, _positions: Tensor) -> Tensor:
                 return apply_rotary(t, cos, sin, interleaved=interleaved)  # (B, H, T, d_head)
 
+        if c.sliding_window is not None:  # Mistral: key j visible from query i if i - j < W
+            k_pos = positions if cache is None else torch.arange(cache.length + ids.shape[1], device=ids.device)
+            band = (positions[..., :, None] - k_pos[..., None, :]) < c.sliding_window  # (T, T_k) or (B, T, T_k)
+            band = band[:, None] if band.ndim == 3 else band  # (B, 1, T, T_k): shared by the heads
+            mask = band if mask is None else mask & band
         for layer, block in enumerate(self.blocks):
             x = block(x, positions, rope, cache, layer, mask)  # (B, T, d)
         if cache is not None:
@@ -405,6 +503,8 @@ def minimal_forward(model: TransformerLM, ids: Tensor) -> Tensor:
         raise TypeError(f"model must be a TransformerLM, got {type(model).__name__}")
     if not isinstance(ids, Tensor) or ids.ndim != 2 or ids.dtype not in (torch.int64, torch.int32):
         raise ValueError("ids must be an integer tensor of shape (B, T)")
+    if model.config.sliding_window is not None:
+        raise ValueError("minimal_forward has no sliding-window mask; use TransformerLM.forward")
     positions = torch.arange(ids.shape[1], device=ids.device)  # (T,)
     x = model.embed.weight[ids]  # (B, T, d): E[ids]
     if model.pos_embed is not None:
@@ -414,3 +514,36 @@ def minimal_forward(model: TransformerLM, ids: Tensor) -> Tensor:
     h = model.final_norm(x)  # (B, T, d)
     w_out = model.embed.weight if model.lm_head is None else model.lm_head.weight  # (V, d)
     return h @ w_out.T  # (B, T, V)
+
+
+def expected_initial_loss(vocab_size: int, logit_var: float, self_logit: float = 0.0,
+                          repeat_rate: float = 0.0) -> float:
+    """The expected next-token cross-entropy (nats) of a freshly initialised model.
+
+    At initialisation the logits z_v = h . W_v are small. With V - 1 of them independent of
+    the context, mean 0 and variance ``logit_var`` = sigma^2, their exponentials sum to about
+    (V - 1) exp(sigma^2 / 2) (the mean of a log-normal, times V - 1). With **tied**
+    embeddings (W = E) one logit is different: the final hidden state h still carries the
+    current token's own embedding E_x (the residual stream starts at E_x and the blocks add
+    little at first), so z_x = h . E_x has a positive mean ``self_logit`` = mu. The loss
+    ell = log sum_v exp(z_v) - z_y then has expectation
+
+        E[ell] ~= log((V - 1) exp(sigma^2 / 2) + exp(mu)) - r mu
+               = log V + sigma^2 / 2 + (exp(mu - sigma^2 / 2) - 1) / V - r mu + O(1 / V^2),
+
+    where ``repeat_rate`` r is the fraction of positions whose target equals the current
+    token (only there does the raised logit belong to the target). With mu = 0 (untied) it
+    is log V + sigma^2 / 2 to O(sigma^2 / V). Derived in notebooks/07_decoder (section 7.8)
+    and tested there against the mean loss of many initialisations. Bad arguments raise
+    ``TypeError`` (not a number) or ``ValueError`` (out of range) naming the argument.
+    """
+    V = check_positive_int("vocab_size", vocab_size)
+    if V < 2:
+        raise ValueError(f"vocab_size must be at least 2, got vocab_size={vocab_size}")
+    s2 = check_nonnegative_number("logit_var", logit_var)
+    if isinstance(self_logit, bool) or not isinstance(self_logit, int | float):
+        raise TypeError(f"self_logit must be a number, got {self_logit!r} ({type(self_logit).__name__})")
+    if not math.isfinite(self_logit):
+        raise ValueError(f"self_logit must be finite, got self_logit={self_logit}")
+    r = check_probability("repeat_rate", repeat_rate)
+    return math.log((V - 1) * math.exp(s2 / 2) + math.exp(self_logit)) - r * self_logit

@@ -74,6 +74,7 @@ def parameter_shares(config: TransformerConfig) -> dict[str, int]:
     m = _mlp_matrices(c)
     attn = d * H * d_h + 2 * d * H_kv * d_h + H * d_h * d  # W_Q, W_K, W_V, W_O
     attn += c.qkv_bias * (H + 2 * H_kv) * d_h + c.out_bias * d
+    attn += c.qk_norm * ((H + H_kv) * d_h if c.qk_norm_scope == "all" else 2 * d_h)  # QK-norm gains
     mlp = m * d * d_ff + c.mlp_bias * ((m - 1) * d_ff + d)
     norm = d * (1 + (c.norm == "layernorm" and c.norm_bias))  # gain (+ LayerNorm's beta)
     emb = V * d * (1 + (not c.tie_embeddings)) + (c.max_seq_len * d if c.positions == "learned"

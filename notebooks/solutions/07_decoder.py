@@ -101,6 +101,41 @@ def uniform_bits_per_byte(text: str, tokenizer=None) -> tuple[float, float]:
     return math.exp(nats), nats * len(ids) / (len(data) * math.log(2))
 
 
+def max_attention_score(model: TransformerLM, ids: torch.Tensor) -> float:
+    """Exercise 6: the largest |q . k| * scale over every layer, head and causal pair.
+
+    Walks the stream block by block as ``minimal_forward`` does, taking each layer's
+    queries and keys from its own ``project_qkv`` (normalised first when the model has
+    QK-norm, rotated by the model's RoPE)."""
+    positions = torch.arange(ids.shape[1])  # (T,)
+    x = model.embed.weight[ids]  # (B, T, d)
+    T = ids.shape[1]
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)  # (T, T): j > i
+    largest = 0.0
+    with torch.no_grad():
+        for block in model.blocks:
+            attn = block.attn
+            q, k, _ = attn.project_qkv(block.attn_norm(x), positions, model.rope)  # (B, H | H_kv, T, d_h)
+            k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=-3)  # (B, H, T, d_h)
+            scores = (q @ k.transpose(-1, -2) * attn.scale).masked_fill(future, 0.0)  # (B, H, T, T)
+            largest = max(largest, float(scores.abs().max()))
+            x = block(x, positions, model.rope)  # (B, T, d)
+    return largest
+
+
+def scale_queries_and_keys(model: TransformerLM, c: float) -> TransformerLM:
+    """Exercise 6: a copy of ``model`` with every W_Q and W_K multiplied by ``c`` (what
+    training can do to them: nothing in the loss holds their size down)."""
+    scaled = dataclasses.replace(model.config)
+    out = TransformerLM(scaled).to(model.embed.weight.dtype)
+    out.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for block in out.blocks:
+            block.attn.q_proj.weight.mul_(c)
+            block.attn.k_proj.weight.mul_(c)
+    return out
+
+
 if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
     from llmbook.nbtools import run_solution_tests
 
