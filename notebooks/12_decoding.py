@@ -30,11 +30,12 @@
 # 6. **Speculative decoding**: a small draft model proposes, the large one verifies, and a
 #    rejection rule makes the output distribution *exactly* the large model's. We prove it
 #    with SymPy, test it with a chi-square test, check the expected number of tokens per
-#    target pass, and time it against plain decoding with a KV cache in both models.
+#    target pass, and derive when it saves time; on the book's model it does not.
 # 7. **A real model**, SmolLM2-135M-Instruct: its next-token distributions, what each rule
 #    keeps of them (with **min-p** and the **repetition penalty**), every rule checked
-#    against its `transformers` counterpart, answers streamed until the end-of-turn token,
-#    and greedy decoding's loops measured against sampling.
+#    against its `transformers` counterpart, alone, chained and on ties, answers streamed
+#    until the end-of-turn token, greedy decoding's loops measured against sampling, and
+#    speculative decoding that pays, with a draft that copies from the prompt.
 #
 # The code is in `llmbook.inference.sampling` and `llmbook.inference.kvcache`.
 
@@ -50,7 +51,9 @@ import sympy as sp
 import torch
 from IPython.display import display
 from transformers.generation.logits_process import (
+    LogitsProcessorList,
     MinPLogitsWarper,
+    NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -62,6 +65,7 @@ from llmbook.inference.kvcache import KVCache, kv_cache_bytes
 from llmbook.inference.sampling import (
     BigramLM,
     IncrementalDecoder,
+    PromptLookupDraft,
     apply_temperature,
     beam_search,
     chi_square_sf,
@@ -70,6 +74,7 @@ from llmbook.inference.sampling import (
     expected_tokens_per_step,
     generate,
     min_p_filter,
+    no_repeat_ngram_filter,
     process_logits,
     repeated_ngram_fraction,
     repetition_penalty,
@@ -77,6 +82,7 @@ from llmbook.inference.sampling import (
     sequence_log_prob,
     speculative_generate,
     speculative_sample,
+    speculative_speedup,
     stream,
     top_k_filter,
     top_p_filter,
@@ -146,9 +152,11 @@ show_source(apply_temperature)
 
 # %% [markdown]
 # A worked table for the logits $z = (-0.336, 0.261, 0.260, -0.004, 0.341)$, the logits
-# printed by a published hand-computed example that section 12.4 grades. Every row is a
-# probability distribution and must sum to 1; we print the sums (the published table's
-# $T = 0.5$ row sums to 0.8725; section 12.4 finds out why).
+# printed by a published hand-computed example that section 12.4 grades. We print each
+# row's sum (the published table's $T = 0.5$ row sums to 0.8725; section 12.4 finds out
+# why). A softmax sums to 1 by construction, so the sums check nothing; the rows are
+# checked instead against SymPy's exact $e^{z_i/T} / \sum_j e^{z_j/T}$ on the rational
+# logits, evaluated to 30 digits, which shares no code with `torch.softmax`.
 
 # %%
 z = torch.tensor([-0.336, 0.261, 0.260, -0.004, 0.341], dtype=torch.float64)
@@ -162,8 +170,11 @@ for t, p in rows.items():
 checks = Checks("temperature table")
 checks.close("T = 1 row", [0.1251, 0.2273, 0.2270, 0.1744, 0.2462], rows[1.0], tol=5e-5)
 checks.close("T = 0.5 row", [0.0746, 0.2461, 0.2456, 0.1449, 0.2888], rows[0.5], tol=5e-5)
+z_exact_sym = [sp.Rational(v).limit_denominator(1000) for v in z.tolist()]
 for t in temperatures:
-    checks.close(f"T = {t:g} row sums to 1", 1.0, float(rows[t].sum()), tol=1e-12)
+    e = [sp.exp(v / sp.nsimplify(t)) for v in z_exact_sym]
+    exact_row = [float(sp.N(x / sum(e), 30)) for x in e]
+    checks.close(f"T = {t:g} row vs SymPy's exact softmax", exact_row, rows[t], tol=1e-12)
 checks.true("T = 0.1 row: arg max has > 0.5", float(rows[0.1][4]) > 0.5, float(rows[0.1][4]))
 checks
 
@@ -259,7 +270,8 @@ print("nucleus p:", [round(v, 4) for v in nucleus.tolist()], " sum", round(float
 checks = Checks("nucleus at p = 0.75")
 checks.equal("kept tokens", [1, 2, 3, 4], torch.nonzero(nucleus).flatten().tolist())
 checks.close("renormalised probabilities", [0.2598, 0.2595, 0.1993, 0.2814], nucleus[1:], tol=5e-5)
-checks.close("sums to 1", 1.0, float(nucleus.sum()), tol=1e-12)
+checks.close("= p_i / (1 - p_0) of the T = 1 row", rows[1.0][1:] / (1 - rows[1.0][0]), nucleus[1:],
+             tol=1e-12)
 checks.equal("p = 0.70 keeps 3 tokens", 3, int(torch.isfinite(top_p_filter(z, 0.70)).sum()))
 checks
 
@@ -446,14 +458,57 @@ print(f"beam search, 4 beams:\n{tok.decode(best.tokens.tolist())!r}")
 # %% [markdown]
 # Each rule has its own character. Greedy decoding loops at once ("identifier?
 # identifier? identifier?"). Temperature 1.5 flattens the distribution until rare tokens
-# win and words dissolve into fragments. The moderate rules (T = 0.7, top-k, top-p) stay
-# with the corpus's frequent patterns, here a stutter on "queue" that the flat tail of a
-# small model cannot escape once it starts. Beam search, which maximises the probability
-# of the whole continuation rather than of each token, writes the most docstring-like
-# text, a header and a sentence the corpus could contain, and then, like greedy, repeats
-# it. That is the trade-off of section 12.5 seen on real text: the most probable text
-# is fluent and dull, sampling is varied and error-prone.
+# win and words dissolve into fragments. The moderate rules (T = 0.7, top-k, top-p) all
+# write "queueueue". Beam search, which maximises the probability of the whole
+# continuation rather than of each token, writes the most docstring-like text, a header
+# and a sentence the corpus could contain, and then, like greedy, repeats it. That is the
+# trade-off of section 12.5 seen on real text: the most probable text is fluent and dull,
+# sampling is varied and error-prone.
 #
+# **Why "queueueue" under every rule.** The stutter is the model's, not the rules'. The
+# tokenizer cuts "queue" into *q*, *ue*, *ue*, so in training every *ue* of "queue" is
+# followed by another *ue* or ends the word, and a four-layer model with a short memory
+# does not count how many it has written. Below, the probability the model gives *ue*
+# along the sampled stutter (from a float64 copy of the model, so the digits are the same
+# on any CPU): it is the most likely next token for several steps, so every rule that
+# keeps the most likely tokens keeps it, and a sample draws it most of the time. Only a
+# rule that reads the history can refuse it. Forbidding any bigram to occur twice
+# (`no_repeat_ngram_size=2`) bans *ue* once "ue ue" has been written: with the same seed
+# and the top-p rule the model now writes "queue" and goes on. We check the ban at every
+# step of that run against `transformers`' `NoRepeatNGramLogitsProcessor`. The price: a
+# bigram ban also forbids "of the" twice in a paragraph, so it suits a small model's
+# short outputs better than long text.
+
+# %%
+text64 = copy.deepcopy(text_model).double()
+stutter = outputs["T = 0.7"][0]  # (T0 + 40,)
+ue = stutter[4]  # the tokens: Return, " the", " ", q, ue, ue, ...
+with torch.no_grad():
+    p_text = torch.softmax(text64(stutter[None])[0], dim=-1)  # (T, V) float64
+print(f"{'context ends':>16}  drawn  p(ue)  rank of ue")
+for t in range(3, 10):
+    rank = int((p_text[t] > p_text[t, ue]).sum()) + 1
+    print(f"{tok.decode(stutter[3:t + 1].tolist())!r:>16}  {tok.decode([int(stutter[t + 1])])!r:5}  "
+          f"{float(p_text[t, ue]):.3f}  {rank}")
+ban_rule = dict(top_p=0.9, temperature=0.8, no_repeat_ngram_size=2)
+banned = generate(text_model, prompt, 40, generator=torch.Generator().manual_seed(1), **ban_rule)
+print(f"top-p = 0.9, T = 0.8, no bigram twice:\n{tok.decode(banned[0].tolist())!r}")
+
+# %%
+with torch.no_grad():
+    z_ban = text_model(banned[:, :-1])[0]  # (T - 1, V): the logits of every step
+T_p = prompt.shape[1]
+checks = Checks("the stutter is the model's; a bigram ban escapes it")
+checks.true("ue is the most likely token after q, que, queue, queueue",
+            all(int(p_text[t].argmax()) == int(ue) for t in range(3, 7)))
+same = [torch.equal(NoRepeatNGramLogitsProcessor(2)(banned[:, :t], z_ban[t - 1:t].clone()),
+                    no_repeat_ngram_filter(z_ban[t - 1:t], banned[:, :t], 2))
+        for t in range(T_p, banned.shape[1])]
+checks.true("no_repeat_ngram_filter = NoRepeatNGramLogitsProcessor(2): steps", all(same), len(same))
+checks.true('with the ban: no "queueue"', "queueue" not in tok.decode(banned[0].tolist()).lower())
+checks
+
+# %% [markdown]
 # ## 12.7 The KV cache, briefly
 #
 # Generating token $t + 1$ needs the keys and values of all earlier positions in every
@@ -741,30 +796,64 @@ show_source(early_exit_draft)
 # %% tags=["nbval-ignore-output"]
 n_new = 64
 t_plain, _ = best_time(lambda: generate(text_model, prompt, n_new, temperature=1.0, use_cache=True,
-                                           generator=torch.Generator().manual_seed(0)), repeats=2)
+                                        generator=torch.Generator().manual_seed(0)), repeats=2)
 print(f"plain decoding, cached: {1e3 * t_plain:6.0f} ms for {n_new} tokens ({n_new} target passes)")
+
+
+def acceptance(st) -> float:
+    """Per-token acceptance: accepted / (accepted + rejections), steps cut short at the end aside."""
+    rejections = sum(a < n for a, n in zip(st.accepted, st.proposed, strict=True))
+    return sum(st.accepted) / (sum(st.accepted) + rejections)
+
+
 for draft_layers, gamma_ in ((1, 2), (2, 3)):
     draft_lm = early_exit_draft(text_model, draft_layers)
+    t_draft, _ = best_time(lambda d=draft_lm: generate(d, prompt, n_new, temperature=1.0, use_cache=True,
+                                                       generator=torch.Generator().manual_seed(0)), repeats=2)
     t_spec, (_, st) = best_time(lambda d=draft_lm, k=gamma_: speculative_generate(
         text_model, d, prompt, n_new, k, use_cache=True, generator=torch.Generator().manual_seed(0)),
         repeats=2)
-    print(f"speculative, draft = first {draft_layers} of {text_model.config.n_layers} layers, "
-          f"gamma = {gamma_}: {1e3 * t_spec:6.0f} ms ({len(st.accepted)} target passes, acceptance "
-          f"{sum(st.accepted) / sum(st.proposed):.2f}), speed-up {t_plain / t_spec:4.2f}x")
+    c_cost, a_hat = t_draft / t_plain, acceptance(st)
+    print(f"draft = first {draft_layers} of {text_model.config.n_layers} layers, gamma = {gamma_}: "
+          f"cost ratio c = {c_cost:.2f}, acceptance {a_hat:.2f}; predicted speed-up "
+          f"{speculative_speedup(a_hat, gamma_, c_cost):.2f}x, measured {t_plain / t_spec:.2f}x "
+          f"({1e3 * t_spec:.0f} ms, {len(st.accepted)} target passes)")
 
 # %% [markdown]
-# Read the printed speed-ups with the formula of exercise 3 in mind,
-# $\mathbb{E}[\mathrm{tokens}] / (\gamma c + 1)$, and with what the timing cell shows
-# about the two inputs. An untrained early exit is a poor predictor of the full model, so
-# the acceptance rate is low. And a model this small on a CPU is far from the memory-bound
-# regime that makes speculative decoding pay: its passes are short and dominated by fixed
-# per-pass overheads, so the draft's cost ratio $c$ is much closer to 1 than the ratio of
-# layers suggests, and a target pass over $\gamma + 1$ tokens is not free either. The
-# method is built for the opposite case, a large target whose every pass reads many
-# gigabytes of weights and a draft that is ten or more times cheaper and agrees with it
-# most of the time. `benchmarks/speculative.py` runs the same comparison for more drafts
-# and draft lengths and stores the result, with the machine and the date, in
-# `benchmarks/results/speculative.json`.
+# **When it pays.** A step costs $\gamma$ draft passes of $c$ target passes each plus one
+# target pass, and emits $\mathbb{E}[\mathrm{tokens}]$ tokens, so the expected speed-up is
+#
+# $$S(\alpha, \gamma, c) = \frac{1 - \alpha^{\gamma + 1}}{(1 - \alpha)(\gamma c + 1)}$$
+#
+# (Leviathan et al., 2023, theorem 3.8; `speculative_speedup`), assuming a target pass
+# over $\gamma + 1$ tokens costs what a one-token pass costs. It is a slow-down when
+# drafting costs more than it saves: for $\gamma = 1$, SymPy finds below that
+# $S > 1$ exactly when $\alpha > c$, the acceptance rate must beat the draft's cost ratio.
+# The timing cell measures both on the text model (timings vary from run to run, so its
+# output is not compared). An untrained early exit is a poor predictor of the full model,
+# so only about one drafted token in two is accepted, and on a model this small the passes
+# are dominated by fixed per-pass overheads, so $c$ is much closer to 1 than the ratio of
+# layers suggests: the predicted speed-up is near or below 1. The measured one is lower
+# still, because a target pass over $\gamma + 1$ tokens is not free either. The method is built for the opposite case: a large target whose every
+# pass reads gigabytes of weights (memory-bound, so $\gamma + 1$ tokens cost what one does)
+# and a draft ten or more times cheaper that agrees with it most of the time. Section 12.9
+# shows the regime where it pays on the real model, with a draft that costs almost nothing.
+# `benchmarks/speculative.py` runs the comparison for more drafts and draft lengths and
+# stores the result, with the machine and the date, in `benchmarks/results/speculative.json`.
+
+# %%
+c_ = sp.symbols("c", positive=True)
+s_gamma1 = sp.simplify(((1 - al**2) / (1 - al)) / (c_ + 1))
+display(sp.Eq(sp.Symbol("S(alpha, 1, c)"), s_gamma1))
+checks = Checks("when speculative decoding pays")
+checks.true("gamma = 1: S - 1 = (alpha - c) / (c + 1) (SymPy)",
+            sp.simplify(s_gamma1 - 1 - (al - c_) / (c_ + 1)) == 0)
+checks.close("speculative_speedup(0.8, 3, 0.1) = SymPy's S", float(
+    ((1 - al**4) / ((1 - al) * (3 * c_ + 1))).subs({al: sp.Rational(4, 5), c_: sp.Rational(1, 10)})),
+    speculative_speedup(0.8, 3, 0.1), tol=1e-12)
+checks.true("alpha = 0.3, c = 0.5: a slow-down at every gamma <= 6",
+            all(speculative_speedup(0.3, k, 0.5) < 1 for k in gammas))
+checks
 
 # %% [markdown]
 # ## 12.9 A real model: SmolLM2-135M-Instruct
@@ -918,6 +1007,61 @@ checks.true("top-p: every running mass >= 1e-4 from p",
             min(top_p_margin(apply_temperature(z2, t), p) for t, p in top_p_cases) > 1e-4)
 checks.true("min-p: every z - max z >= 1e-5 from the cut",
             min(min_p_margin(apply_temperature(z2, t), m) for t, m in min_p_cases) > 1e-5)
+checks
+
+# %% [markdown]
+# **All the rules at once, and ties.** Chained, the rules must also agree with
+# `transformers`' `LogitsProcessorList` in the order its `generate` builds it. At $T = 1.5$
+# the nucleus at $p = 0.9$ holds hundreds of tokens, so with $k = 50$ the order matters:
+# top-p measured on the renormalised top 50 keeps fewer tokens than top-k cut after top-p,
+# and a temperature applied after the filters would change both cuts. The chain below
+# would fail under either slip. Ties need a stated policy: the book's top-k keeps exactly
+# $k$ tokens and breaks ties by the lower token index (a *stable* sort; from $V = 17$ on,
+# `torch.sort`'s default reorders equal values), `TopKLogitsWarper` keeps every token tied
+# with the $k$-th. Top-p keeps the same *number* of tokens in both (the smallest prefix
+# reaching $p$); which of the tied tokens at its boundary survive, the book decides by
+# index and `transformers` leaves to its sort. We check both policies on logits with
+# only five distinct values, $V = 64$.
+
+# %%
+rules_all = dict(temperature=1.5, top_k=50, top_p=0.9, min_p=0.02, repetition_penalty=1.3,
+                 no_repeat_ngram_size=3)
+chain = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.3), NoRepeatNGramLogitsProcessor(3),
+                             TemperatureLogitsWarper(1.5), TopKLogitsWarper(50), TopPLogitsWarper(0.9),
+                             MinPLogitsWarper(0.02)])
+ours_all = process_logits(z2, history, **rules_all)
+warm = apply_temperature(no_repeat_ngram_filter(repetition_penalty(z2, history, 1.3), history, 3), 1.5)
+p_first = min_p_filter(top_k_filter(top_p_filter(warm, 0.9), 50), 0.02)  # top-p before top-k
+print("tokens kept per row: the chain", torch.isfinite(ours_all).sum(-1).tolist(),
+      " top-p before top-k", torch.isfinite(p_first).sum(-1).tolist())
+z_tie = (torch.randint(0, 5, (2, 64), generator=torch.Generator().manual_seed(0)) * 0.7).double()
+k_tie = 10
+ours_k, hf_k = torch.isfinite(top_k_filter(z_tie, k_tie)), torch.isfinite(TopKLogitsWarper(k_tie)(None, z_tie))
+kth = torch.sort(z_tie, dim=-1, descending=True).values[:, k_tie - 1:k_tie]  # (2, 1)
+print(f"V = 64, top-{k_tie}: the book keeps", ours_k.sum(-1).tolist(), "tokens, transformers",
+      hf_k.sum(-1).tolist(), "(every token tied with the 10th)")
+
+# %%
+checks = Checks("the chain and the ties policies against transformers")
+checks.true("all six rules = LogitsProcessorList, bit for bit", torch.equal(chain(history, z2.clone()), ours_all))
+checks.true("top-p margin >= 1e-4 on the chain's top-k output",
+            top_p_margin(top_k_filter(warm, 50), 0.9) > 1e-4)
+checks.true("nucleus alone > 100 tokens in each row, so top-k cuts it to 50",
+            bool((torch.isfinite(top_p_filter(warm, 0.9)).sum(-1) > 100).all()))
+checks.true("min-p margins >= 1e-5 (in the chain, and after top-p first)",
+            min(min_p_margin(top_p_filter(top_k_filter(warm, 50), 0.9), 0.02),
+                min_p_margin(top_k_filter(top_p_filter(warm, 0.9), 50), 0.02)) > 1e-5)
+checks.true("the order matters here (top-p first keeps other sets)",
+            not torch.equal(torch.isfinite(p_first), torch.isfinite(ours_all)))
+checks.true("top-k ties: book = transformers' set less its highest-index tied tokens",
+            all(torch.equal(ours_k[r], hf_k[r] & ((z_tie[r] > kth[r]) | (torch.cumsum(
+                (z_tie[r] == kth[r]).long(), 0) <= k_tie - int((z_tie[r] > kth[r]).sum())))) for r in range(2)))
+checks.true("stable and default sorts order these ties differently",
+            not torch.equal(torch.sort(z_tie, dim=-1, descending=True).indices,
+                            torch.sort(z_tie, dim=-1, descending=True, stable=True).indices))
+for p_tie in (0.4, 0.8):
+    ours_p, hf_p = torch.isfinite(top_p_filter(z_tie, p_tie)), torch.isfinite(TopPLogitsWarper(p_tie)(None, z_tie))
+    checks.equal(f"top-p {p_tie} with ties: same number kept", hf_p.sum(-1).tolist(), ours_p.sum(-1).tolist())
 checks
 
 # %% [markdown]
@@ -1090,24 +1234,89 @@ plt.show()
 # translation, an arithmetic result), greedy decoding or beam search.
 
 # %% [markdown]
+# ### Speculative decoding that pays: a draft that copies
+#
+# Section 12.8 found speculative decoding slower on the text model, and predicted it from
+# $S(\alpha, \gamma, c)$. The way out is a draft with $c \approx 0$ and a task where it is
+# often right. Much of what chat models write copies their input: quoting, editing code,
+# answering from a retrieved document. `PromptLookupDraft` guesses the next token by
+# finding the current suffix (up to three tokens) earlier in the context and proposing the
+# token that followed it; with no match its $q$ is uniform. Its $q$ is one-hot, so a guess
+# $x$ is accepted with probability $p(x)$, and a rejection draws from $p$ with $x$ removed:
+# the output is still exactly the target's. This is the copy mechanism of Yang et al.
+# (2023, "Inference with Reference: Lossless Acceleration of Large Language Models"), as
+# `transformers` offers it under `prompt_lookup_num_tokens` (a test checks that the first
+# guess equals its candidate). We ask SmolLM2 to repeat a sentence of ours, and decode at
+# $T = 0.5$ (`speculative_generate` divides both models' logits by $T$; a surer target
+# copies more often), with plain decoding and with the lookup draft, $\gamma = 4$.
+#
+# What the draft *could* achieve is exact and CPU-independent: for a faithful copy, how
+# many of its tokens the lookup guesses from the true prefix. What the model does is
+# sampled from float32 logits and timed, so that cell's output is not compared.
+
+# %%
+copy_text = ("The lighthouse keeper climbed the stairs every evening, lit the lamp, and watched "
+             "the ships pass safely through the narrow strait.")
+copy_ids = torch.tensor([chat_tok.encode_chat(
+    [{"role": "user", "content": "Repeat this sentence exactly: " + copy_text}])])  # (1, T)
+faithful = chat_tok.encode(copy_text) + [chat_tok.stop_token_ids[0]]  # the copy and <|im_end|>
+lookup = PromptLookupDraft(real_model.config.vocab_size, max_ngram=3)
+ideal = torch.cat([copy_ids, torch.tensor([faithful])], dim=1)  # (1, T + n)
+hits = sum(lookup.guess(ideal[:, :copy_ids.shape[1] + i]) == [x] for i, x in enumerate(faithful))
+print(f"a faithful copy has {len(faithful)} tokens; the lookup guesses {hits} of them from the true prefix")
+checks = Checks("the copying draft")
+checks.true("guesses more than 3 in 4 tokens of a faithful copy", hits > 0.75 * len(faithful), hits)
+checks.true("a gamma = 4 free draft with alpha = 0.75 pays: S(0.75, 4, 0)",
+            speculative_speedup(0.75, 4, 0.0) > 2, round(speculative_speedup(0.75, 4, 0.0), 3))
+checks
+
+# %% tags=["nbval-ignore-output"]
+n_copy, gamma_copy = len(faithful), 4
+t_real, plain_copy = best_time(lambda: generate(real_model, copy_ids, n_copy, temperature=0.5,
+                                                generator=torch.Generator().manual_seed(0)), repeats=1)
+t_real_spec, (spec_copy, st_copy) = best_time(lambda: speculative_generate(
+    real_model, lookup, copy_ids, n_copy, gamma_copy, temperature=0.5,
+    generator=torch.Generator().manual_seed(0)), repeats=1)
+t_guess, _ = best_time(lambda: lookup.next_token_logits(spec_copy), repeats=3)
+c_copy, a_copy = t_guess / (t_real / n_copy), acceptance(st_copy)
+print("speculative output:", repr(chat_tok.decode(spec_copy[0, copy_ids.shape[1]:].tolist())))
+print(f"plain: {1e3 * t_real:.0f} ms for {n_copy} tokens ({n_copy} target passes); speculative: "
+      f"{1e3 * t_real_spec:.0f} ms, {len(st_copy.accepted)} target passes")
+print(f"cost ratio c = {c_copy:.3f}, acceptance {a_copy:.2f}: predicted speed-up "
+      f"{speculative_speedup(a_copy, gamma_copy, c_copy):.2f}x, measured {t_real / t_real_spec:.2f}x")
+
+# %% [markdown]
+# Here the draft is nearly free and usually right, and the measured speed-up is real,
+# though below the prediction: a target pass over five tokens costs more than one over a
+# single token on this CPU, which the formula ignores. On open-ended text the lookup finds
+# few matches and the same draft buys little; production systems pair the target with a
+# small trained draft model of the same vocabulary, or train extra heads to draft
+# (chapter 12b).
+
+# %% [markdown]
 # ## Summary
 #
 # * Greedy and beam search maximise probability; for open-ended text that produces loops.
+#   Some loops are the model's under every rule (the text model's "queueueue"); only a
+#   rule that reads the history, such as a ban on repeated bigrams, escapes them.
 # * Temperature rescales the logits (entropy rises from 0 to $\log V$); top-k and top-p
 #   cut the unreliable tail, top-p adaptively; all three are a few lines on the logits.
 # * The KV cache turns each decoding step into work on one token, with identical output.
 # * Speculative decoding is exact: the accept/reject rule reproduces the target's
 #   distribution (proved by cases, confirmed by a chi-square test), and it emits
-#   $(1 - \alpha^{\gamma+1})/(1 - \alpha)$ tokens per target pass. Whether that saves
-#   wall-clock time depends on the draft's cost and acceptance rate; with both models
-#   cached we time it against plain decoding.
+#   $(1 - \alpha^{\gamma+1})/(1 - \alpha)$ tokens per target pass. It saves wall-clock time
+#   only when $S = (1 - \alpha^{\gamma+1}) / ((1 - \alpha)(\gamma c + 1)) > 1$ (for
+#   $\gamma = 1$: when the acceptance rate beats the draft's cost ratio). An early exit of
+#   the small text model does not pay; a prompt-lookup draft does when SmolLM2 copies.
 # * The published "the cat sat" table gets its $T = 1$ and $T = 2$ rows right up to
 #   rounding, but its $T = 0.5$ row has an extra 1 in the denominator (it sums to 0.8725)
 #   and its nucleus at $p = 0.75$ stops one token short of the rule.
 # * On a real chat model (SmolLM2-135M-Instruct, $V = 49{,}152$) every rule, min-p and the
 #   repetition penalty included, gives bit for bit the tensor of its `transformers`
-#   processor; top-p and min-p keep the same sets because no boundary lies within float32
-#   round-off, which is checked rather than assumed. Min-p keeps the tail out at a high
+#   processor, alone and chained in `generate`'s order; top-p and min-p keep the same sets
+#   because no boundary lies within float32 round-off, which is checked rather than
+#   assumed. On ties the book's top-k keeps exactly $k$ tokens (lower index first), the
+#   `transformers` warper every token tied with the $k$-th. Min-p keeps the tail out at a high
 #   temperature where top-p lets hundreds of tokens in.
 # * `stream` yields tokens as they are made and stops at the end-of-turn token;
 #   `IncrementalDecoder` prints only whole characters. Greedy decoding of the real model
@@ -1129,8 +1338,9 @@ plt.show()
 #    gives the example logits an entropy of 1.0 nat?
 # 3. (★★) **The best draft length.** With a draft costing $c$ target passes, the
 #    expected speed-up is $(1 - \alpha^{\gamma+1}) / ((1 - \alpha)(\gamma c + 1))$
-#    (Leviathan et al., 2023, theorem 3.8). Write `best_gamma(alpha, c, max_gamma)` and
-#    tabulate it for $\alpha \in \{0.6, 0.8, 0.9\}$ and $c \in \{0.05, 0.2\}$.
+#    (Leviathan et al., 2023, theorem 3.8; `speculative_speedup`). Write
+#    `best_gamma(alpha, c, max_gamma)` and tabulate it for $\alpha \in \{0.6, 0.8, 0.9\}$
+#    and $c \in \{0.05, 0.2\}$. Why does the best $\gamma$ grow as $c$ falls?
 # 4. (★) **Cache memory.** Use `kv_cache_bytes` to compute the KV cache of Llama 2 7B
 #    ($L = 32$, $H_{kv} = 32$, $d_{head} = 128$) at $T = 4096$, $B = 1$ in bfloat16, and
 #    the same with 8 KV heads (grouped-query attention). Write `llama_cache_gib(n_kv_heads)`.

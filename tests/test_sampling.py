@@ -11,10 +11,18 @@ import sympy as sp
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from llmbook.inference.sampling import (
     BigramLM,
     IncrementalDecoder,
+    PromptLookupDraft,
     apply_temperature,
     beam_search,
     chi_square_sf,
@@ -34,6 +42,7 @@ from llmbook.inference.sampling import (
     sequence_log_prob,
     speculative_generate,
     speculative_sample,
+    speculative_speedup,
     stream,
     top_k_filter,
     top_p_filter,
@@ -258,6 +267,85 @@ def test_speculative_generate_cache_with_a_bigram_draft() -> None:
     assert torch.equal(outs[0], outs[1])
 
 
+def test_prompt_lookup_draft_worked_example() -> None:
+    draft = PromptLookupDraft(vocab_size=10, max_ngram=3)
+    ids = torch.tensor([[5, 1, 2, 3, 9, 1, 2],    # "9 1 2" is new, "1 2" was followed by 3
+                        [4, 4, 4, 4, 4, 4, 4],    # "4 4 4" first at 0, followed by 4
+                        [1, 2, 3, 4, 5, 6, 7]])   # nothing repeats: no guess
+    assert draft.guess(ids) == [3, 4, None]
+    logits = draft.next_token_logits(ids)  # (3, 10)
+    assert torch.isfinite(logits).tolist()[0] == [i == 3 for i in range(10)]
+    assert torch.equal(logits[2], torch.zeros(10, dtype=torch.float64))  # uniform q
+    assert PromptLookupDraft(10, max_ngram=1).guess(torch.tensor([[1, 2, 1, 3, 1]])) == [2]
+    every = draft(ids[:1, :5])  # (1, 5, 10): the guess after each prefix
+    assert every.shape == (1, 5, 10)
+    assert [draft.guess(ids[:1, :t + 1])[0] for t in range(5)] == [None, None, None, None, None]
+    assert torch.equal(every[0, 4], draft.next_token_logits(ids[:1, :5])[0])
+    with pytest.raises(ValueError, match="max_ngram"):
+        PromptLookupDraft(10, max_ngram=0)
+    with pytest.raises(TypeError, match="ids"):
+        draft.guess(torch.tensor([[1.0, 2.0]]))
+
+
+def test_prompt_lookup_first_guess_is_transformers_candidate() -> None:
+    """The guess = the first token of transformers' prompt-lookup candidates (the same
+    longest-suffix, leftmost-match rule), on random sequences with many repeats."""
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    g = torch.Generator().manual_seed(0)
+    matched = 0
+    for trial in range(200):
+        T, V, n = 2 + trial % 20, 3 + trial % 5, 1 + trial % 3
+        ids = torch.randint(0, V, (1, T), generator=g)
+        peer = PromptLookupCandidateGenerator(num_output_tokens=1, max_matching_ngram_size=n,
+                                              max_length=T + 5, vocab_size=V)
+        candidates, _ = peer.get_candidates(ids)
+        theirs = int(candidates[0, T]) if candidates.shape[1] > T else None
+        assert PromptLookupDraft(V, max_ngram=n).guess(ids) == [theirs], ids
+        matched += theirs is not None
+    assert 50 < matched < 200  # both kinds of case occurred
+
+
+def test_speculative_with_prompt_lookup_is_exact_at_a_temperature() -> None:
+    """A one-hot draft exercises the residual path (p with the guess removed): the tokens
+    still follow the target at temperature T, softmax(log p / T), by a chi-square test."""
+    p = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
+    target = BigramLM.from_probs(p.expand(4, 4))  # the same p after every token
+    draft = PromptLookupDraft(4, max_ngram=2)
+    for t in (1.0, 0.5):
+        ids, stats = speculative_generate(target, draft, torch.tensor([[0, 1, 0]]), 1500, 3,
+                                          generator=torch.Generator().manual_seed(3), temperature=t)
+        law = torch.softmax(torch.log(p) / t, -1)
+        assert chi_square_test(ids[0, 3:], law)[2] > 1e-3
+        assert 0 < sum(stats.accepted) < sum(stats.proposed)
+    with pytest.raises(ValueError, match="temperature"):
+        speculative_generate(target, draft, torch.tensor([[0]]), 5, 2, temperature=0)
+
+
+def test_speculative_temperature_cache_equals_recompute() -> None:
+    target, draft = _tiny_lm(0, 2), _tiny_lm(1, 1)
+    outs = [speculative_generate(target, draft, torch.tensor([[3, 1]]), 20, 3, temperature=0.6,
+                                 generator=torch.Generator().manual_seed(5), use_cache=c)
+            for c in (True, False)]
+    assert torch.equal(outs[0][0], outs[1][0]) and outs[0][1].accepted == outs[1][1].accepted
+
+
+def test_speculative_speedup() -> None:
+    # Leviathan et al. (2023): alpha = 0.8, gamma = 1, a free draft: 1.8 tokens per pass
+    assert math.isclose(speculative_speedup(0.8, 1, 0.0), 1.8)
+    # gamma = 3, c = 0.1: (1 - 0.8^4) / 0.2 / 1.3 = 2.952 / 1.3
+    assert math.isclose(speculative_speedup(0.8, 3, 0.1), (1 - 0.8**4) / 0.2 / 1.3)
+    assert math.isclose(speculative_speedup(0.0, 4, 0.25), 0.5)  # nothing accepted: a slow-down
+    assert speculative_speedup(1.0, 4, 0.0) == 5.0
+    a, gam, c = sp.symbols("alpha gamma c", positive=True)
+    formula = (1 - a ** (gam + 1)) / ((1 - a) * (gam * c + 1))
+    for alpha, gamma, cost in ((0.3, 2, 0.5), (0.9, 6, 0.05), (0.6, 1, 1.0)):
+        assert math.isclose(speculative_speedup(alpha, gamma, cost),
+                            float(formula.subs({a: alpha, gam: gamma, c: cost})), rel_tol=1e-12)
+    with pytest.raises(ValueError, match="cost_ratio"):
+        speculative_speedup(0.5, 2, -0.1)
+
+
 def test_early_exit_draft() -> None:
     target = _tiny_lm(3, 3)
     ids = torch.tensor([[1, 2, 3, 4, 5]])
@@ -452,6 +540,120 @@ def test_process_logits_follows_the_hugging_face_order() -> None:
     assert torch.isfinite(hf_order).sum() == 3 and torch.isfinite(other).sum() == 2
     with pytest.raises(ValueError, match="need previous_ids"):
         process_logits(z, repetition_penalty=1.2)
+
+
+# ---------------------------------------------------------------- against transformers' processors
+
+
+def _hf_chain(temperature: float, top_k: int | None, top_p: float | None,
+              min_p: float | None) -> LogitsProcessorList:
+    """transformers' warpers in the order its ``generate`` builds them (temperature, top-k,
+    top-p, min-p), for the same settings as :func:`process_logits`."""
+    chain = LogitsProcessorList([TemperatureLogitsWarper(temperature)])
+    if top_k is not None:
+        chain.append(TopKLogitsWarper(top_k))
+    if top_p is not None:
+        chain.append(TopPLogitsWarper(top_p))
+    if min_p is not None:
+        chain.append(MinPLogitsWarper(min_p))
+    return chain
+
+
+# every combination, on logits without ties (continuous normal draws, float64), whose scale
+# runs from flat (0.3) to peaked (4): V >= 32, and k below and above the nucleus' size
+CHAIN_CASES = [(V, scale, t, k, p, m) for V in (32, 97) for scale in (0.3, 1.5, 4.0)
+               for t in (0.5, 2.0) for k in (None, 6, 24) for p in (None, 0.6, 0.95)
+               for m in (None, 0.05)]
+
+
+def _chain_logits(V: int, scale: float) -> torch.Tensor:
+    g = torch.Generator().manual_seed(V * 100 + int(10 * scale))
+    return torch.randn(6, V, generator=g, dtype=torch.float64) * scale  # (6, V)
+
+
+def test_process_logits_is_transformers_chain_and_the_order_matters() -> None:
+    """Combined rules = transformers' LogitsProcessorList, bit for bit; and the test has
+    power: applying top-p before top-k, or the temperature after the filters, changes the
+    kept sets in some of these cases (so either slip would fail the equality)."""
+    swapped = late_temperature = 0
+    for V, scale, t, k, p, m in CHAIN_CASES:
+        z = _chain_logits(V, scale)
+        ours = process_logits(z, temperature=t, top_k=k, top_p=p, min_p=m)
+        theirs = _hf_chain(t, k, p, m)(None, z.clone())
+        assert torch.equal(ours, theirs), (V, scale, t, k, p, m)
+        if k is not None and p is not None:  # the planted slip: top-p first, then top-k
+            wrong = top_k_filter(top_p_filter(apply_temperature(z, t), p), k)
+            wrong = wrong if m is None else min_p_filter(wrong, m)
+            swapped += not torch.equal(torch.isfinite(wrong), torch.isfinite(ours))
+        if p is not None or m is not None:  # the other slip: filters on z, then z / T
+            w = z if k is None else top_k_filter(z, k)
+            w = w if p is None else top_p_filter(w, p)
+            w = w if m is None else min_p_filter(w, m)
+            late_temperature += not torch.equal(torch.isfinite(w), torch.isfinite(ours))
+    assert swapped >= 10 and late_temperature >= 10, (swapped, late_temperature)
+
+
+def test_sample_next_draws_from_the_transformers_chain() -> None:
+    """sample_next's draw = torch.multinomial on softmax(transformers' chain), same generator."""
+    for i, (V, scale, t, k, p, m) in enumerate(CHAIN_CASES[::3]):
+        z = _chain_logits(V, scale)
+        ours = sample_next(z, t, k, p, torch.Generator().manual_seed(i), min_p=m)
+        probs = torch.softmax(_hf_chain(t, k, p, m)(None, z.clone()), dim=-1)
+        theirs = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(i))[:, 0]
+        assert torch.equal(ours, theirs), (V, scale, t, k, p, m)
+
+
+def _tied_logits(V: int, seed: int) -> torch.Tensor:
+    """(4, V) logits with only five distinct values: every boundary is a tie."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 5, (4, V), generator=g).double() * 0.7
+
+
+@pytest.mark.parametrize("V", [17, 32, 64, 257])
+def test_top_k_ties_policy_against_transformers(V: int) -> None:
+    """The book keeps exactly k tokens, tied ones by lower index (a stable sort);
+    TopKLogitsWarper keeps every token tied with the k-th largest. So the book's set is
+    theirs less the tied tokens of highest index. At V >= 17 an unstable sort would put
+    tied tokens out of index order, and the set would differ."""
+    z = _tied_logits(V, V)
+    for k in (1, 3, V // 3, V - 2):
+        ours = torch.isfinite(top_k_filter(z, k))
+        theirs = torch.isfinite(TopKLogitsWarper(k)(None, z.clone()))
+        kth = torch.sort(z, dim=-1, descending=True).values[:, k - 1:k]  # (4, 1)
+        assert torch.equal(ours.sum(-1), torch.full((4,), k))
+        assert torch.equal(theirs, z >= kth)  # their policy, restated from their docs
+        assert bool((ours <= theirs).all()) and bool(ours[z > kth].all())
+        for r in range(4):  # among the tied tokens, the lowest indices are the kept ones
+            tied = torch.nonzero(z[r] == kth[r]).flatten()
+            n_tied_kept = k - int((z[r] > kth[r]).sum())
+            assert ours[r, tied].tolist() == [True] * n_tied_kept + [False] * (len(tied) - n_tied_kept)
+    # the test has power: from V = 17 on, torch's default (unstable) sort reorders ties
+    unstable = torch.sort(z, dim=-1, descending=True).indices
+    stable = torch.sort(z, dim=-1, descending=True, stable=True).indices
+    assert not torch.equal(unstable, stable)
+
+
+@pytest.mark.parametrize("V", [32, 64, 257])
+def test_top_p_ties_policy_against_transformers(V: int) -> None:
+    """With ties, TopPLogitsWarper and the book keep the same *number* of tokens (the
+    smallest prefix reaching p, counted in exact arithmetic); the book keeps tied ones
+    by lower index, transformers leaves it to an ascending sort. Away from ties the sets
+    are equal. The p are chosen so that no running sum of these logits lies within 1e-9."""
+    z = _tied_logits(V, 7 * V)
+    for p in (0.31, 0.58, 0.87):
+        ours = torch.isfinite(top_p_filter(z, p))
+        theirs = torch.isfinite(TopPLogitsWarper(p)(None, z.clone()))
+        assert torch.equal(ours.sum(-1), theirs.sum(-1))
+        boundary = z.masked_fill(~ours, float("inf")).amin(-1, keepdim=True)  # smallest kept
+        assert torch.equal(ours & (z > boundary), theirs & (z > boundary))
+        kept_ties = ours & (z == boundary)
+        for r in range(4):  # the book: the lowest-index tied tokens
+            tied = torch.nonzero(z[r] == boundary[r]).flatten()
+            n = int(kept_ties[r].sum())
+            assert ours[r, tied].tolist() == [True] * n + [False] * (len(tied) - n)
+        probs = torch.sort(torch.softmax(z, -1), descending=True).values
+        margin = (torch.cumsum(probs, -1) - p).abs().min()
+        assert float(margin) > 1e-9
 
 
 def test_sample_categorical_is_torch_multinomial_draw_for_draw() -> None:

@@ -7,7 +7,7 @@ import torch
 from solution_loader import load_solutions
 from transformers.generation.logits_process import TypicalLogitsWarper
 
-from llmbook.inference.sampling import top_p_filter
+from llmbook.inference.sampling import speculative_speedup, top_p_filter
 
 solutions = load_solutions("12_decoding")
 
@@ -34,6 +34,21 @@ def test_typical_filter_is_transformers_typical_warper() -> None:
             assert torch.equal(solutions.typical_filter(z, mass), TypicalLogitsWarper(mass)(None, z))
 
 
+def test_typical_filter_ties_policy_against_transformers() -> None:
+    """With ties (logits with five distinct values, V = 40), TypicalLogitsWarper keeps every
+    token tied with the last one it needs; the solution keeps the shortest prefix of its
+    stable order. So the solution's set is inside theirs, and both reach the mass."""
+    z = torch.randint(0, 5, (4, 40), generator=torch.Generator().manual_seed(1)).double() * 0.6
+    p = torch.softmax(z, -1)
+    for mass in (0.3, 0.7):
+        ours = torch.isfinite(solutions.typical_filter(z, mass))
+        theirs = torch.isfinite(TypicalLogitsWarper(mass)(None, z.clone()))
+        assert bool((ours <= theirs).all())
+        assert bool(((p * ours).sum(-1) >= mass - 1e-12).all())
+        assert bool(((p * theirs).sum(-1) >= mass - 1e-12).all())
+        assert bool((ours.sum(-1) < theirs.sum(-1)).any())  # the policies do differ here
+
+
 def test_temperature_for_entropy() -> None:
     t = solutions.temperature_for_entropy(Z, 1.0)
     assert abs(solutions.entropy_at(Z, t) - 1.0) < 1e-9
@@ -47,8 +62,8 @@ def test_best_gamma() -> None:
     assert solutions.best_gamma(0.9, 0.0, 10) == 10
     assert solutions.best_gamma(0.6, 0.2, 20) == 2
     g = solutions.best_gamma(0.8, 0.05, 20)
-    assert all(solutions.speedup(0.8, g, 0.05) >= solutions.speedup(0.8, k, 0.05) for k in range(1, 21))
-    assert math.isclose(solutions.speedup(0.8, 1, 0.0), 1.8)
+    assert all(speculative_speedup(0.8, g, 0.05) >= speculative_speedup(0.8, k, 0.05) for k in range(1, 21))
+    assert math.isclose(speculative_speedup(0.8, 1, 0.0), 1.8)
 
 
 def test_llama_cache_gib() -> None:

@@ -19,7 +19,9 @@ token; a decoding rule picks the token. The rules here:
   "Fast Inference from Transformers via Speculative Decoding"; Chen et al., 2023,
   "Accelerating Large Language Model Decoding with Speculative Sampling"): a cheap draft
   model q proposes gamma tokens, the target p checks them in one forward pass, and an
-  accept/reject rule makes the output tokens *exactly* p-distributed.
+  accept/reject rule makes the output tokens *exactly* p-distributed. The draft can be the
+  target's first layers (:func:`early_exit_draft`) or a copy from the context
+  (:class:`PromptLookupDraft`), and :func:`speculative_speedup` predicts the wall-clock gain.
 
 :func:`stream` yields the tokens of a :class:`~llmbook.transformer.model.TransformerLM` one
 step at a time, with the KV cache of :mod:`llmbook.inference.kvcache` and optional stop
@@ -52,6 +54,7 @@ __all__ = [
     "Hypothesis",
     "KV_CACHES",
     "IncrementalDecoder",
+    "PromptLookupDraft",
     "SpeculativeStats",
     "apply_temperature",
     "beam_search",
@@ -72,6 +75,7 @@ __all__ = [
     "sequence_log_prob",
     "speculative_generate",
     "speculative_sample",
+    "speculative_speedup",
     "stream",
     "top_k_filter",
     "top_p_filter",
@@ -799,6 +803,22 @@ def expected_tokens_per_step(alpha: float, gamma: int) -> float:
     return float(gamma + 1) if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
+def speculative_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
+    """Expected wall-clock speed-up of speculative decoding over plain decoding:
+    (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)) (Leviathan et al., 2023, theorem 3.8).
+
+    A step costs gamma draft passes (c target passes each) and one target pass, and emits
+    :func:`expected_tokens_per_step` tokens. The model assumes the target's pass over
+    gamma + 1 tokens costs what a one-token pass does (true when decoding is memory-bound)
+    and i.i.d. acceptance. Below 1 it is a slow-down: for alpha -> 0 it tends to
+    1 / (gamma c + 1).
+    """
+    if isinstance(cost_ratio, bool) or not isinstance(cost_ratio, int | float) \
+            or not (math.isfinite(cost_ratio) and cost_ratio >= 0):
+        raise ValueError(f"cost_ratio must be a finite number >= 0, got {cost_ratio!r}")
+    return expected_tokens_per_step(alpha, gamma) / (gamma * cost_ratio + 1)
+
+
 @dataclass
 class SpeculativeStats:
     """Per target pass: how many drafted tokens were proposed (``gamma``, fewer near the end)
@@ -816,6 +836,68 @@ def _probs(model: nn.Module, ids: Tensor) -> Tensor:
     return torch.softmax(model(ids)[0].double(), dim=-1)  # (T, V)
 
 
+def _vocab_size(model: nn.Module, ids: Tensor) -> int:
+    """V of ``model``: from its config or attribute, else from one forward pass on ``ids``."""
+    V = getattr(getattr(model, "config", None), "vocab_size", None) or getattr(model, "vocab_size", None)
+    return int(V) if isinstance(V, int) else int(model(ids).shape[-1])
+
+
+class PromptLookupDraft(nn.Module):
+    """A draft "model" that copies from the context: prompt lookup decoding.
+
+    To guess the token after ``ids``, it finds the longest suffix of ``ids`` (at most
+    ``max_ngram`` tokens) that occurred earlier, takes its first (leftmost) earlier
+    occurrence and proposes the token that followed it. Its distribution q is one-hot on that
+    token; with no match, q is uniform. It needs no weights and almost no time, and it is
+    accepted whenever the target copies: quoting, editing or summarising a text given in the
+    prompt, or a loop. This is the idea of Yang et al. (2023, "Inference with Reference:
+    Lossless Acceleration of Large Language Models"), who copy spans from reference
+    documents, in the form of ``prompt_lookup_num_tokens`` in Hugging Face's ``generate``,
+    whose first proposed token it reproduces (a test). With a one-hot q, speculative
+    sampling accepts the proposal x with probability p(x) and otherwise draws from p with x
+    removed: the output is still exactly p-distributed.
+
+    :meth:`next_token_logits` (B, T) -> (B, V) is what :func:`speculative_generate` calls;
+    ``forward`` (B, T) -> (B, T, V) gives every position's guess, as a model would.
+    """
+
+    def __init__(self, vocab_size: int, max_ngram: int = 3) -> None:
+        super().__init__()
+        self.vocab_size = _check_count("vocab_size", vocab_size, 1)
+        self.max_ngram = _check_count("max_ngram", max_ngram, 1)
+
+    def guess(self, ids: Tensor) -> list[int | None]:
+        """The proposed next token of each row of ``ids`` (B, T), or None without a match."""
+        ids = _check_ids(ids, "ids")
+        T = ids.shape[1]
+        guesses: list[int | None] = []
+        for row in ids:
+            found = None
+            for n in range(min(self.max_ngram, T - 1), 0, -1):
+                windows = row[:T - 1].unfold(0, n, 1)  # (T - n, n): n-grams with a successor
+                hits = torch.nonzero((windows == row[T - n:]).all(dim=-1)).flatten()
+                if hits.numel():
+                    found = int(row[int(hits[0]) + n])
+                    break
+            guesses.append(found)
+        return guesses
+
+    def next_token_logits(self, ids: Tensor) -> Tensor:
+        """(B, T) -> (B, V): 0 for the guessed token and -inf elsewhere; all 0 without a guess."""
+        guesses = self.guess(ids)
+        logits = torch.zeros(len(guesses), self.vocab_size, dtype=torch.float64)
+        for b, x in enumerate(guesses):
+            if x is not None:
+                logits[b].fill_(float("-inf"))[x] = 0.0
+        return logits
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """(B, T) -> (B, T, V): position t holds the guess after ids[:, :t + 1]."""
+        ids = _check_ids(ids, "ids")
+        return torch.stack([self.next_token_logits(ids[:, :t + 1]) for t in range(ids.shape[1])],
+                           dim=1)
+
+
 class _Scorer:
     """Next-token probabilities of ``model`` at the last positions of a growing sequence.
 
@@ -824,19 +906,23 @@ class _Scorer:
     positions that were rejected. Other models rerun the whole sequence.
     """
 
-    def __init__(self, model: nn.Module, use_cache: bool, max_len: int) -> None:
+    def __init__(self, model: nn.Module, use_cache: bool, max_len: int,
+                 temperature: float = 1.0) -> None:
         self.model = model
+        self.temperature = temperature
         self.cache = KVCache.for_model(model, 1, max_len) \
             if use_cache and isinstance(model, TransformerLM) else None
 
     def __call__(self, ids: Tensor, n: int) -> Tensor:
         """p(. | ids[:, :t]) for the last ``n`` positions t of ``ids`` (1, L): (n, V) float64."""
+        if n == 1 and isinstance(self.model, PromptLookupDraft):  # only the last guess
+            return torch.softmax(self.model.next_token_logits(ids) / self.temperature, dim=-1)
         if self.cache is None:
-            return _probs(self.model, ids)[-n:]
+            return torch.softmax(self.model(ids)[0, -n:].double() / self.temperature, dim=-1)
         if self.cache.length > ids.shape[1] - n:  # keep at least n positions to run
             self.cache.truncate(ids.shape[1] - n)
         logits = self.model(ids[:, self.cache.length:], cache=self.cache)[0]  # (new, V)
-        return torch.softmax(logits.double(), dim=-1)[-n:]
+        return torch.softmax(logits[-n:].double() / self.temperature, dim=-1)
 
     def forget(self, length: int) -> None:
         """Drop cached positions from ``length`` on (they held rejected draft tokens)."""
@@ -873,8 +959,9 @@ def early_exit_draft(model: TransformerLM, n_layers: int) -> TransformerLM:
 def speculative_generate(target: nn.Module, draft: nn.Module, prompt_ids: Tensor,
                          max_new_tokens: int, gamma: int,
                          generator: torch.Generator | None = None,
-                         use_cache: bool = True) -> tuple[Tensor, SpeculativeStats]:
-    """Speculative sampling from ``target`` with proposals from ``draft`` (both at T = 1).
+                         use_cache: bool = True,
+                         temperature: float = 1.0) -> tuple[Tensor, SpeculativeStats]:
+    """Speculative sampling from ``target`` with proposals from ``draft``, both at ``temperature``.
 
     ``prompt_ids`` (1, T). Each step: the draft samples gamma tokens x_1..x_gamma one by one
     from q; the target scores the prefix plus all of them in *one* forward pass, giving p at
@@ -890,7 +977,10 @@ def speculative_generate(target: nn.Module, draft: nn.Module, prompt_ids: Tensor
     target pass the gamma + 1 new ones, and the positions of rejected tokens are truncated
     away. Without it (and for any other model ``ids -> logits``) every pass reruns the
     whole sequence. Both give the same tokens for the same ``generator``, up to
-    floating-point round-off in the probabilities.
+    floating-point round-off in the probabilities. ``temperature`` (> 0) divides both
+    models' logits, so the tokens follow the target sampled at that temperature; a low one
+    makes the target surer and a copying draft likelier to be accepted. A
+    :class:`PromptLookupDraft` is asked only for its guess at the last position.
     """
     ids = _check_ids(prompt_ids)
     if ids.shape[0] != 1:
@@ -900,15 +990,16 @@ def speculative_generate(target: nn.Module, draft: nn.Module, prompt_ids: Tensor
     gamma = _check_count("gamma", gamma, 1)
     for model in (target, draft):
         _check_fits(model, ids.shape[1] + max_new_tokens, "prompt + max_new_tokens")
-    v_target, v_draft = _probs(target, ids).shape[-1], _probs(draft, ids).shape[-1]
+    v_target, v_draft = _vocab_size(target, ids), _vocab_size(draft, ids)
     if v_target != v_draft:
         raise ValueError(f"the draft's vocabulary (V={v_draft}) differs from the target's "
                          f"(V={v_target}): speculative decoding compares their probabilities "
                          "token by token, so both must share one vocabulary")
     stats = SpeculativeStats()
     T_end = ids.shape[1] + max_new_tokens
-    target_probs = _Scorer(target, use_cache, T_end)
-    draft_probs = _Scorer(draft, use_cache, T_end)
+    temperature = _check_temperature(temperature, allow_zero=False)
+    target_probs = _Scorer(target, use_cache, T_end, temperature)
+    draft_probs = _Scorer(draft, use_cache, T_end, temperature)
     while ids.shape[1] < T_end:
         g = min(gamma, T_end - ids.shape[1] - 1)
         x, qs = ids, []

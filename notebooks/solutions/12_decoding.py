@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from llmbook.inference.kvcache import kv_cache_bytes
-from llmbook.inference.sampling import apply_temperature, expected_tokens_per_step
+from llmbook.inference.sampling import apply_temperature, speculative_speedup
 from llmbook.transformer.model import TransformerConfig
 
 
@@ -54,14 +54,12 @@ def temperature_for_entropy(logits: Tensor, h: float, lo: float = 1e-4, hi: floa
     return math.exp((a + b) / 2)
 
 
-def speedup(alpha: float, gamma: int, c: float) -> float:
-    """Expected wall-clock speed-up: E[tokens per pass] / (gamma c + 1)."""
-    return expected_tokens_per_step(alpha, gamma) / (gamma * c + 1)
-
-
 def best_gamma(alpha: float, c: float, max_gamma: int = 20) -> int:
-    """Exercise 3: the draft length 1..max_gamma with the largest expected speed-up."""
-    return max(range(1, max_gamma + 1), key=lambda g: speedup(alpha, g, c))
+    """Exercise 3: the draft length 1..max_gamma with the largest expected speed-up.
+
+    A cheaper draft (smaller c) makes each extra drafted token cost less, so longer drafts
+    pay until alpha^gamma, the chance that the draft survives to its end, is too small."""
+    return max(range(1, max_gamma + 1), key=lambda g: speculative_speedup(alpha, g, c))
 
 
 def llama_cache_gib(n_kv_heads: int = 32, seq_len: int = 4096) -> float:
