@@ -186,6 +186,27 @@ def test_backward_reference_equals_autograd(T_q, T_k, d_k, d_v, bq, bk, causal):
         assert a.shape == b.shape and _err(a, b) < 1e-12
 
 
+@settings(max_examples=20, deadline=None)
+@given(T_q=st.integers(1, 23), T_k=st.integers(1, 23), d_k=st.integers(1, 6), d_v=st.integers(1, 7),
+       bq=st.integers(1, 9), bk=st.integers(1, 9), causal=st.booleans())
+def test_algorithm2_backward_equals_torch_sdpa_autograd(T_q, T_k, d_k, d_v, bq, bk, causal):
+    """FlashAttention-2's Algorithm 2 against autograd through torch's own attention, float64,
+    any shapes and blocks (causal: top-left aligned, as torch's is_causal)."""
+    if causal and T_k < T_q:
+        T_k = T_q  # keep every query row with at least one visible key
+    q, k, v = (_randn(1, 2, T, d, seed=i, requires_grad=True)
+               for i, (T, d) in enumerate([(T_q, d_k), (T_k, d_k), (T_k, d_v)]))
+    do = _randn(1, 2, T_q, d_v, seed=5)
+    expected = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                                   (q, k, v), do)
+    out, lse = flash_attention_reference(q.detach(), k.detach(), v.detach(), is_causal=causal,
+                                         block_q=bq, block_k=bk, return_lse=True)
+    got = flash_attention_backward_reference(q.detach(), k.detach(), v.detach(), out, lse, do,
+                                             is_causal=causal, block_q=bq, block_k=bk)
+    for a, b in zip(expected, got, strict=True):
+        assert a.shape == b.shape and _err(a, b) < 1e-12
+
+
 def test_reference_gradcheck_through_the_tiles():
     q, k, v = (_randn(1, 9, 4, seed=i, requires_grad=True) for i in range(3))
     assert torch.autograd.gradcheck(
@@ -281,8 +302,28 @@ def test_hbm_accesses_worked_example():
     assert counts["flash"] == 2 * 1024 * 64 + 1024 + 2 * 1024 * 64 * 4 == 656384
 
 
+def test_hbm_accesses_block_sizes_follow_dao_and_fit_in_sram():
+    """Dao et al. (2022), Algorithm 1: ceil(M / 4d) rows held, min(ceil(M / 4d), d) streamed."""
+    a100 = attention_hbm_accesses(T=4096, d=64, sram=98304)  # 384 = 98304 / 256
+    assert (a100["block_q"], a100["block_k"]) == (384, 64)
+    assert a100["sram_used"] == 2 * 384 * 64 + 2 * 64 * 64 + 384 * 64 == 81920 <= 98304
+    odd = attention_hbm_accesses(T=100, d=24, sram=5000)  # ceil(5000 / 96) = 53, not floor 52
+    assert (odd["block_q"], odd["block_k"]) == (53, 24)
+    small = attention_hbm_accesses(T=100, d=64, sram=4096)  # M < 4 d^2: both blocks M/4d = 16
+    assert (small["block_q"], small["block_k"]) == (16, 16)
+    assert small["sram_used"] == 4096 + 16 * 16  # M + M^2 / (16 d^2): does not fit
+    for M in (8 * 64**2, 8 * 64**2 + 256 * 5, 2**17):  # 4d | M and M >= 8 d^2: 3M/4 + 2d^2 <= M
+        used = attention_hbm_accesses(4096, 64, M)["sram_used"]
+        assert used == 3 * M // 4 + 2 * 64**2 and used <= M
+    forced = attention_hbm_accesses(T=1024, d=64, sram=98304, block_q=128)
+    assert (forced["block_q"], forced["block_k"]) == (128, 64)
+    assert forced["flash"] == 2 * 1024 * 64 + 1024 + 2 * 1024 * 64 * 8
+    with pytest.raises(ValueError, match="block_q"):
+        attention_hbm_accesses(1024, 64, 98304, block_q=0)
+
+
 def test_hbm_accesses_count_matches_the_tiled_loop_and_scales_as_the_theorem():
-    T, d, sram = 1000, 32, 4000  # B_r = 31, not a divisor of T
+    T, d, sram = 1000, 32, 4000  # B_r = ceil(4000 / 128) = 32, not a divisor of T
     counts = attention_hbm_accesses(T, d, sram)
     B_r = counts["block_q"]
     loads = 0

@@ -137,3 +137,142 @@ def test_attention_with_cache_and_padding_mask(fused: bool) -> None:
     with pytest.raises(ValueError, match="does not broadcast"):
         cache.reset()
         attn(x[:, :4], mask=pad, cache=cache)  # mask for 11 keys, only 4 present
+
+
+# ---------------------------------------------------------------- paged cache (Kwon et al., 2023)
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from llmbook.inference.kvcache import PagedKVCache, PagePool  # noqa: E402
+
+
+def _stepped(model, ids, cache, prefill):
+    """Logits of a prefill of ``prefill`` tokens and single-token steps after it."""
+    with torch.no_grad():
+        out = [model(ids[:, :prefill], cache=cache)]
+        out += [model(ids[:, t:t + 1], cache=cache) for t in range(prefill, ids.shape[1])]
+    return torch.cat(out, dim=1)
+
+
+@settings(max_examples=12, deadline=None)
+@given(page_size=st.integers(1, 9), prefill=st.integers(1, 20), batch=st.integers(1, 3))
+def test_paged_cache_equals_contiguous_cache(page_size, prefill, batch):
+    model = _model(_configs(False)[1])  # GQA, H = 6, H_kv = 2
+    ids = torch.randint(0, V, (batch, 23), generator=torch.Generator().manual_seed(page_size))
+    contiguous = _stepped(model, ids, KVCache.for_model(model, batch), prefill)
+    pool = PagePool.for_model(model, num_pages=40, page_size=page_size)
+    cache = PagedKVCache(pool, batch)
+    paged = _stepped(model, ids, cache, prefill)
+    assert torch.equal(paged, contiguous)  # the same numbers gathered: bitwise equal
+    n_pages = -(-23 // page_size)
+    assert [len(t) for t in cache.block_tables] == [n_pages] * batch
+    assert pool.num_free == 40 - batch * n_pages
+    cache.release()
+    assert pool.num_free == 40 and all(r == 0 for r in pool.refs)
+
+
+def test_page_pool_free_list_worked_example():
+    pool = PagePool(n_layers=1, n_kv_heads=1, d_head=2, num_pages=3, page_size=4)
+    a, b = pool.allocate(), pool.allocate()
+    assert (a, b, pool.num_free) == (0, 1, 1)
+    pool.share(a)
+    pool.release(a)
+    assert pool.refs[a] == 1 and pool.num_free == 1
+    pool.release(a)
+    assert pool.num_free == 2 and pool.allocate() == a  # the freed page is reused first
+    pool.allocate()
+    with pytest.raises(RuntimeError, match="full"):
+        pool.allocate()
+    with pytest.raises(ValueError, match="page"):
+        pool.release(7)
+
+
+def test_prefix_caching_shares_pages_and_equals_recomputation():
+    model = _model(_configs(False)[1])
+    g = torch.Generator().manual_seed(3)
+    prefix = torch.randint(0, V, (1, 10), generator=g)
+    tails = [torch.randint(0, V, (1, n), generator=g) for n in (5, 8)]
+    pool = PagePool.for_model(model, num_pages=30, page_size=4)
+    base = PagedKVCache(pool)
+    with torch.no_grad():
+        model(prefix, cache=base)  # positions 0..9: pages 0, 1 full, page 2 half
+    for tail in tails:
+        child = PagedKVCache.from_prefix(base, 10)
+        assert child.block_tables[0] == base.block_tables[0]  # shared, nothing copied yet
+        with torch.no_grad():
+            got = model(tail, cache=child)  # only the tail runs
+            want = model(torch.cat([prefix, tail], dim=1))[:, 10:]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert child.block_tables[0][:2] == base.block_tables[0][:2]  # full pages still shared
+        assert child.block_tables[0][2] != base.block_tables[0][2]  # copy-on-write
+    assert [pool.refs[p] for p in base.block_tables[0]] == [3, 3, 1]
+    with torch.no_grad():  # the parent's half page was not overwritten by the children
+        again = model(tails[0], cache=PagedKVCache.from_prefix(base, 10))
+        torch.testing.assert_close(again, model(torch.cat([prefix, tails[0]], 1))[:, 10:],
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_paged_cache_bad_input():
+    pool = PagePool(n_layers=2, n_kv_heads=2, d_head=4, num_pages=2, page_size=3)
+    cache = PagedKVCache(pool, batch_size=1)
+    with pytest.raises(TypeError, match="pool"):
+        PagedKVCache("pool")
+    with pytest.raises(ValueError, match="k must have shape"):
+        cache.update(0, torch.zeros(1, 3, 2, 4), torch.zeros(1, 3, 2, 4))
+    with pytest.raises(ValueError, match="layer"):
+        cache.update(2, torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))
+    with pytest.raises(ValueError, match="max_seq_len=6"):
+        cache.update(0, torch.zeros(1, 2, 7, 4), torch.zeros(1, 2, 7, 4))
+    with pytest.raises(ValueError, match="length"):
+        PagedKVCache.from_prefix(cache, 1)
+    with pytest.raises(ValueError, match="page_size"):
+        PagePool(1, 1, 1, 1, 0)
+
+
+# ---------------------------------------------------------------- int8 cache
+
+from llmbook.inference.kvcache import Int8KVCache, dequantize_kv_int8, quantize_kv_int8  # noqa: E402
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")  # the peer is deprecated
+def test_quantize_kv_int8_worked_example_and_torch_peer():
+    x = torch.tensor([[1.0, -2.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    q, s = quantize_kv_int8(x)
+    assert s[:, 0].tolist() == pytest.approx([2.0 / 127, 1.0], rel=1e-7)
+    assert q.tolist() == [[64, -127, 32, 0], [0, 0, 0, 0]]  # 63.5 -> 64, 31.75 -> 32
+    # peer: torch's per-channel qint8 with the same scales (channels = tokens x heads)
+    y = torch.randn(2, 3, 7, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    q, s = quantize_kv_int8(y)
+    flat = y.reshape(-1, 16)
+    peer = torch.quantize_per_channel(flat.float(), s.reshape(-1).float(), torch.zeros(flat.shape[0],
+                                      dtype=torch.long), axis=0, dtype=torch.qint8)
+    assert torch.equal(peer.int_repr().reshape(q.shape), q)
+    with pytest.raises(TypeError, match="x must be"):
+        quantize_kv_int8(torch.ones(3, dtype=torch.int32))
+    with pytest.raises(TypeError, match="int8"):
+        dequantize_kv_int8(q.float(), s)
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4), scale=st.floats(1e-3, 1e3))
+def test_int8_error_within_half_a_step(shape, scale):
+    x = scale * torch.randn(*shape, generator=torch.Generator().manual_seed(len(shape)),
+                            dtype=torch.float64)
+    q, s = quantize_kv_int8(x)
+    err = (dequantize_kv_int8(q, s) - x).abs()
+    assert bool((err <= s / 2 * (1 + 1e-12)).all())  # the bound absmax / 254 per vector
+    assert bool((q.abs() <= 127).all())
+
+
+def test_int8_cache_close_to_float_cache_and_smaller():
+    model = _model(_configs(False)[1])
+    ids = torch.randint(0, V, (2, 25), generator=torch.Generator().manual_seed(2))
+    ref = _stepped(model, ids, KVCache.for_model(model, 2), 6)
+    cache = Int8KVCache.for_model(model, 2)
+    got = _stepped(model, ids, cache, 6)
+    assert 0 < (got - ref).abs().max().item() < 1e-2
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    c = model.config
+    assert cache.num_bytes() == 2 * c.n_layers * 2 * c.n_kv_heads * c.max_seq_len * (c.d_head + 4)
+    assert cache.keys[0].dtype == torch.int8

@@ -65,3 +65,29 @@ def test_decode_tokens_per_second_on_the_roofline() -> None:
     assert below < flat and below == pytest.approx(295 * bw / (b * N))
     with pytest.raises(ValueError, match="batch"):
         solutions.decode_tokens_per_second(N, 0, b, peak, bw)
+
+
+@pytest.mark.parametrize("lengths,prefix_len,page_size", [([1000] * 8, 600, 16), ([13, 9, 30], 9, 4),
+                                                          ([5, 5], 0, 3), ([8, 12], 8, 4)])
+def test_pages_with_prefix_against_a_page_pool(lengths, prefix_len, page_size) -> None:
+    import torch
+
+    from llmbook.inference.kvcache import PagedKVCache, PagePool
+
+    pool = PagePool(n_layers=1, n_kv_heads=1, d_head=1, num_pages=1000, page_size=page_size)
+    prompt = PagedKVCache(pool)
+    if prefix_len:
+        prompt.update(0, torch.zeros(1, 1, prefix_len, 1), torch.zeros(1, 1, prefix_len, 1))
+        prompt.advance(prefix_len)
+    for T in lengths:
+        child = PagedKVCache.from_prefix(prompt, prefix_len)
+        child.update(0, torch.zeros(1, 1, T - prefix_len, 1), torch.zeros(1, 1, T - prefix_len, 1))
+    assert solutions.pages_with_prefix(lengths, prefix_len, page_size) == 1000 - pool.num_free
+    with pytest.raises(ValueError, match="prefix_len"):
+        solutions.pages_with_prefix([3], 5, 4)
+
+
+def test_pages_with_prefix_worked_example() -> None:
+    # 8 x 1000 tokens, prompt 600, pages of 16: 38 prompt pages (37 full, shared) + 8 x (63 - 37)
+    assert solutions.pages_with_prefix([1000] * 8, 600, 16) == 38 + 8 * 26 == 246
+    assert solutions.pages_with_prefix([1000] * 8, 0, 16) == 8 * 63 == 504

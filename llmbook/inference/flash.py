@@ -26,8 +26,8 @@ Contents:
 * :func:`online_softmax` - softmax over the last dimension, streaming over blocks;
 * :func:`flash_attention_reference` - exact tiled attention (forward), optionally with the
   log-sum-exp L of every query row;
-* :func:`flash_attention_backward_reference` - the tiled backward that recomputes
-  P = exp(S - L) from L instead of storing it;
+* :func:`flash_attention_backward_reference` - the tiled backward of FlashAttention-2
+  (Dao, 2023, Algorithm 2) that recomputes P = exp(S - L) from L instead of storing it;
 * :class:`FlashAttentionReferenceFunction` and :func:`flash_attention_tiled` - the two joined
   into one ``autograd.Function``: differentiable attention that keeps no (T_q, T_k) matrix;
 * :func:`attention_hbm_accesses` - the IO counts of Dao et al.'s Theorem 2 for one head, and
@@ -258,17 +258,23 @@ def flash_attention_backward_reference(q: Tensor, k: Tensor, v: Tensor, out: Ten
                                        grad_out: Tensor, is_causal: bool = False,
                                        block_q: int = 64, block_k: int = 64,
                                        scale: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients (dq, dk, dv) of O = softmax(scale q k^T) v, tile by tile, recomputing P.
+    """Gradients (dq, dk, dv) of O = softmax(scale q k^T) v: FlashAttention-2's Algorithm 2.
 
     Shapes as in :func:`flash_attention_reference`; ``out`` (..., T_q, d_v) and ``lse``
-    (..., T_q) are what its forward returned and ``grad_out`` = dL/dO (..., T_q, d_v). No
-    (T_q, T_k) matrix is stored: for each tile the probabilities are recomputed from the
-    saved log-sum-exp, P = exp(S - L), and with D = rowsum(dO * O) (computed once)
+    (..., T_q) are what its forward returned and ``grad_out`` = dL/dO (..., T_q, d_v). This is
+    Algorithm 2 of Dao (2023), step for step: D = rowsum(dO * O) is computed once (line 5);
+    the outer loop runs over key blocks j, each holding accumulators dK_j = dV_j = 0 on chip
+    (lines 7-8); the inner loop over query blocks i recomputes the probabilities from the
+    saved log-sum-exp alone, P_ij = exp(S_ij - L_i) (line 12), and
 
-        dV += P^T dO,  dP = dO V^T,  dS = P * (dP - D),  dQ += scale dS K,  dK += scale dS^T Q
+        dV_j += P^T dO_i,  dP = dO_i V_j^T,  dS = P * (dP - D_i),
+        dQ_i += scale dS K_j  (read, updated and written back to HBM: line 16),
+        dK_j += scale dS^T Q_i;
 
-    (Dao et al., 2022, Algorithm 4, in the loop order of FlashAttention-2: key blocks
-    outside, query blocks inside).
+    dK_j and dV_j are written once, after the inner loop (line 19). FlashAttention's first
+    backward (Dao et al., 2022, Algorithm 4) saved the row maxima m and normalisers l instead
+    of L and formed D_i inside the inner loop. No (T_q, T_k) matrix is stored. With a causal
+    mask (top-left aligned) query blocks that end before key j0 are skipped.
     """
     _check_attention_inputs(q, k, v)
     for name, t in (("out", out), ("lse", lse), ("grad_out", grad_out)):
@@ -282,26 +288,29 @@ def flash_attention_backward_reference(q: Tensor, k: Tensor, v: Tensor, out: Ten
     block_k = check_positive_int("block_k", block_k)
     T_q, T_k = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    D = (grad_out * out).sum(dim=-1)  # (..., T_q)
-    dq = torch.zeros_like(q)
-    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    D = (grad_out * out).sum(dim=-1)  # (..., T_q), line 5
+    dq = torch.zeros_like(q)  # in "HBM", line 4
+    dks, dvs = [], []
     for j0 in range(0, T_k, block_k):
         j1 = min(j0 + block_k, T_k)
-        k_j, v_j = k[..., j0:j1, :], v[..., j0:j1, :]  # (..., Bk, d)
+        k_j, v_j = k[..., j0:j1, :], v[..., j0:j1, :]  # (..., Bk, d), line 7
+        dk_j, dv_j = torch.zeros_like(k_j), torch.zeros_like(v_j)  # on chip, line 8
         first_q = (j0 // block_q) * block_q if is_causal else 0  # earlier queries cannot see j0
         for i0 in range(first_q, T_q, block_q):
             i1 = min(i0 + block_q, T_q)
-            s = scale * (q[..., i0:i1, :] @ k_j.transpose(-2, -1))  # (..., Bq, Bk)
-            p = torch.exp(s - lse[..., i0:i1, None])  # (..., Bq, Bk), recomputed
+            q_i, do_i = q[..., i0:i1, :], grad_out[..., i0:i1, :]  # line 10
+            s = scale * (q_i @ k_j.transpose(-2, -1))  # (..., Bq, Bk), line 11
+            p = torch.exp(s - lse[..., i0:i1, None])  # (..., Bq, Bk), line 12
             if is_causal and j1 - 1 > i0:
                 p = p.masked_fill(~_causal_keep(i0, i1, j0, j1, q.device), 0.0)
-            do_i = grad_out[..., i0:i1, :]  # (..., Bq, d_v)
-            dv[..., j0:j1, :] += p.transpose(-2, -1) @ do_i
-            dp = do_i @ v_j.transpose(-2, -1)  # (..., Bq, Bk)
-            ds = p * (dp - D[..., i0:i1, None])  # (..., Bq, Bk)
-            dq[..., i0:i1, :] += scale * (ds @ k_j)
-            dk[..., j0:j1, :] += scale * (ds.transpose(-2, -1) @ q[..., i0:i1, :])
-    return dq, dk, dv
+            dv_j = dv_j + p.transpose(-2, -1) @ do_i  # line 13
+            dp = do_i @ v_j.transpose(-2, -1)  # (..., Bq, Bk), line 14
+            ds = p * (dp - D[..., i0:i1, None])  # (..., Bq, Bk), line 15
+            dq[..., i0:i1, :] += scale * (ds @ k_j)  # line 16
+            dk_j = dk_j + scale * (ds.transpose(-2, -1) @ q_i)  # line 17
+        dks.append(dk_j)  # line 19: written once
+        dvs.append(dv_j)
+    return dq, torch.cat(dks, dim=-2), torch.cat(dvs, dim=-2)
 
 
 class FlashAttentionReferenceFunction(torch.autograd.Function):
@@ -350,42 +359,56 @@ def flash_attention_tiled(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = Fal
 # ------------------------------------------------------------------ IO and memory
 
 
-def attention_hbm_accesses(T: int, d: int, sram: int) -> dict[str, int]:
+def attention_hbm_accesses(T: int, d: int, sram: int,
+                           block_q: int | None = None) -> dict[str, int]:
     """Elements read from and written to HBM by one head of attention, T queries and keys.
 
     ``standard`` is Dao et al.'s (2022) Algorithm 0: read Q, K, write S; read S, write P;
-    read P, V, write O: 4 T d + 4 T^2, that is Theta(T d + T^2). ``flash`` is the tiled
-    forward with query blocks of B_r = floor(sram / (4 d)) rows (a block of Q, of O, of K and
-    of V fit in an SRAM of ``sram`` elements): Q read and O written once (2 T d), the
-    log-sum-exp written once (T), and K and V read once per query block,
-    2 T d ceil(T / B_r), which is Theta(T^2 d^2 / M) for M = sram (their Theorem 2).
-    Returns both counts and ``block_q`` = B_r. Needs 4 d <= sram.
+    read P, V, write O: 4 T d + 4 T^2, that is Theta(T d + T^2).
+
+    ``flash`` is the tiled forward in the loop order of FlashAttention-2 (Dao, 2023): a block
+    of ``block_q`` queries is held on chip while blocks of ``block_k`` keys stream past. Q is
+    read and O written once (2 T d), the log-sum-exp written once (T), and K and V read once
+    per query block, 2 T d ceil(T / block_q). The block sizes are those of Dao et al. (2022),
+    Algorithm 1, line 1, with the roles of queries and keys swapped (their outer loop runs
+    over keys): the held block has ceil(M / 4d) rows and the streamed one min(ceil(M / 4d), d),
+    for M = ``sram`` elements. On chip are then Q_i and O_i (block_q x d each), K_j and V_j
+    (block_k x d each) and the score tile S_ij (block_q x block_k); ``sram_used`` is their
+    sum, 3M/4 + 2 d^2 when 4d^2 <= M and 4d divides M, so everything fits when M >= 8 d^2.
+    The traffic is then Theta(T^2 d^2 / M) (their Theorem 2). ``block_q`` overrides the held
+    block (e.g. the 64 or 128 rows real kernels use); the streamed one stays
+    min(ceil(M / 4d), d). Returns ``standard``, ``flash``, ``block_q``, ``block_k`` and
+    ``sram_used``. Needs 4 d <= sram.
     """
     T, d, sram = (check_positive_int(n, x) for n, x in (("T", T), ("d", d), ("sram", sram)))
     if sram < 4 * d:
         raise ValueError(f"sram={sram} elements cannot hold four blocks of width d={d}; need "
                          f"sram >= 4 d = {4 * d}")
-    block_q = sram // (4 * d)
+    rows = -(-sram // (4 * d))  # ceil(M / 4d)
+    block_q = rows if block_q is None else check_positive_int("block_q", block_q)
+    block_k = min(rows, d)
     n_blocks = -(-T // block_q)
     return {"standard": 4 * T * d + 4 * T * T,
             "flash": 2 * T * d + T + 2 * T * d * n_blocks,
-            "block_q": block_q}
+            "block_q": block_q, "block_k": block_k,
+            "sram_used": 2 * block_q * d + 2 * block_k * d + block_q * block_k}
 
 
-def attention_arithmetic_intensity(T: int, d: int, sram: int,
-                                   bytes_per_element: int = 2) -> dict[str, float]:
+def attention_arithmetic_intensity(T: int, d: int, sram: int, bytes_per_element: int = 2,
+                                   block_q: int | None = None) -> dict[str, float]:
     """FLOPs per byte of HBM traffic of one head's attention forward, standard and tiled.
 
     Both algorithms do the two matrix products S = Q K^T and O = P V, 2 T^2 d multiply-adds
     each: 4 T^2 d FLOPs (the softmax's O(T^2) operations are left out, as in Dao et al.,
     2022). The bytes are :func:`attention_hbm_accesses` times ``bytes_per_element``. For
-    T >> B_r >= d the standard intensity tends to d / bytes_per_element (32 FLOP/B in 16 bits
-    for d = 64) and the tiled one to 2 B_r / bytes_per_element. A kernel is memory-bound
+    T >> block_q the standard intensity tends to d / bytes_per_element (32 FLOP/B in 16 bits
+    for d = 64) and the tiled one to 2 block_q / bytes_per_element. A kernel is memory-bound
     when its intensity is below the GPU's balance point (peak FLOP/s divided by bytes/s).
-    Returns ``flops``, ``standard`` and ``flash`` (FLOP/byte) and ``block_q``.
+    ``block_q`` as in :func:`attention_hbm_accesses`. Returns ``flops``, ``standard`` and
+    ``flash`` (FLOP/byte) and ``block_q``.
     """
     bytes_per_element = check_positive_int("bytes_per_element", bytes_per_element)
-    counts = attention_hbm_accesses(T, d, sram)
+    counts = attention_hbm_accesses(T, d, sram, block_q=block_q)
     flops = 4 * T * T * d
     return {"flops": float(flops),
             "standard": flops / (bytes_per_element * counts["standard"]),

@@ -15,6 +15,21 @@ alike, so the memory is
     bytes = 2 * L * B * T_max * H_kv * d_head * bytes_per_element
 
 (:func:`kv_cache_bytes`); grouped-query attention (H_kv < H) divides it by H / H_kv.
+
+A server cannot preallocate T_max positions for every request: most stop early, and the
+reserved rows are lost to everyone else. PagedAttention (Kwon et al., 2023, "Efficient
+Memory Management for Large Language Model Serving with PagedAttention") stores the cache
+in fixed-size *pages* of a shared :class:`PagePool` and gives each sequence a *block table*
+(the list of its pages), as an operating system does with virtual memory: a sequence holds
+ceil(T / page_size) pages, wasting less than one page, and freed pages go back to a free
+list. Pages are reference-counted, so sequences that begin with the same prompt share its
+pages (*prefix caching*); a shared page is copied before it is written (copy-on-write).
+:class:`PagedKVCache` implements the same interface as :class:`KVCache` and gives the same
+keys and values, gathered through the block table.
+
+:class:`Int8KVCache` halves the cache again against 16 bits: every key and value vector (one
+token, one head) is stored as int8 with its own absmax scale (:func:`quantize_kv_int8`),
+which bounds the error of every element by scale / 2 = absmax / 254.
 """
 
 from __future__ import annotations
@@ -26,7 +41,8 @@ from torch import Tensor
 
 from llmbook.validation import check_positive_int
 
-__all__ = ["KVCache", "kv_cache_bytes"]
+__all__ = ["Int8KVCache", "KVCache", "PagePool", "PagedKVCache", "dequantize_kv_int8",
+           "kv_cache_bytes", "quantize_kv_int8"]
 
 
 def kv_cache_bytes(config: Any, batch_size: int, seq_len: int,
@@ -42,6 +58,26 @@ def kv_cache_bytes(config: Any, batch_size: int, seq_len: int,
         raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
     element = torch.empty((), dtype=dtype).element_size()
     return 2 * config.n_layers * batch_size * seq_len * config.n_kv_heads * config.d_head * element
+
+
+def _check_new_kv(cache: Any, layer: int, k: Tensor, v: Tensor) -> int:
+    """Validate the arguments of a cache's ``update``; return the length after it."""
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < cache.n_layers:
+        raise ValueError(f"layer must be an int in [0, {cache.n_layers}), got {layer!r}")
+    want = (cache.batch_size, cache.n_kv_heads, cache.d_head)
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.ndim != 4 or (t.shape[0], t.shape[1], t.shape[3]) != want:
+            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name} must have shape (B, H_kv, T, d_head) = ({want[0]}, "
+                             f"{want[1]}, T, {want[2]}), got {got}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    end = cache.length + k.shape[2]
+    if end > cache.max_seq_len:
+        raise ValueError(f"the cache holds max_seq_len={cache.max_seq_len} positions: "
+                         f"{cache.length} cached + {k.shape[2]} new = {end} do not fit")
+    return end
 
 
 class KVCache:
@@ -132,3 +168,220 @@ class KVCache:
     def __repr__(self) -> str:
         return (f"KVCache(n_layers={self.n_layers}, batch_size={self.batch_size}, n_kv_heads="
                 f"{self.n_kv_heads}, length={self.length}/{self.max_seq_len}, d_head={self.d_head})")
+
+
+class PagePool:
+    """Fixed-size pages of keys and values shared by many sequences, with a free list.
+
+    Every layer has a key and a value buffer of shape (num_pages, H_kv, page_size, d_head);
+    page ``i`` is row ``i`` of all of them. :meth:`allocate` takes a page from the free list
+    (reference count 1), :meth:`share` adds a reference, :meth:`release` drops one and
+    returns the page to the free list when none is left. Kwon et al. (2023), section 4.
+    """
+
+    def __init__(self, n_layers: int, n_kv_heads: int, d_head: int, num_pages: int,
+                 page_size: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        self.n_layers = check_positive_int("n_layers", n_layers)
+        self.n_kv_heads = check_positive_int("n_kv_heads", n_kv_heads)
+        self.d_head = check_positive_int("d_head", d_head)
+        self.num_pages = check_positive_int("num_pages", num_pages)
+        self.page_size = check_positive_int("page_size", page_size)
+        shape = (num_pages, n_kv_heads, page_size, d_head)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.free = list(range(num_pages - 1, -1, -1))  # a stack: page 0 is handed out first
+        self.refs = [0] * num_pages
+
+    @classmethod
+    def for_model(cls, model: Any, num_pages: int, page_size: int) -> PagePool:
+        """A pool shaped for ``model`` (a TransformerLM), on its device and in its dtype."""
+        c, p = model.config, next(model.parameters())
+        return cls(c.n_layers, c.n_kv_heads, c.d_head, num_pages, page_size, dtype=p.dtype,
+                   device=p.device)
+
+    @property
+    def num_free(self) -> int:
+        """Pages on the free list."""
+        return len(self.free)
+
+    def _check_page(self, page: int) -> int:
+        if isinstance(page, bool) or not isinstance(page, int) or not 0 <= page < self.num_pages \
+                or self.refs[page] == 0:
+            raise ValueError(f"page must be an allocated page in [0, {self.num_pages}), got {page!r}")
+        return page
+
+    def allocate(self) -> int:
+        """Take a page from the free list; its reference count becomes 1."""
+        if not self.free:
+            raise RuntimeError(f"the page pool is full: all {self.num_pages} pages are in use")
+        page = self.free.pop()
+        self.refs[page] = 1
+        return page
+
+    def share(self, page: int) -> int:
+        """Add a reference to an allocated page (another sequence uses it)."""
+        self.refs[self._check_page(page)] += 1
+        return page
+
+    def release(self, page: int) -> None:
+        """Drop a reference; the page returns to the free list when none is left."""
+        self.refs[self._check_page(page)] -= 1
+        if self.refs[page] == 0:
+            self.free.append(page)
+
+    def copy(self, page: int) -> int:
+        """A new page holding a copy of ``page`` in every layer (for copy-on-write)."""
+        new = self.allocate()
+        for buf in (*self.keys, *self.values):
+            buf[new] = buf[self._check_page(page)]
+        return new
+
+
+class PagedKVCache:
+    """A KV cache of ``batch_size`` sequences stored in pages of a :class:`PagePool`.
+
+    Same interface as :class:`KVCache` (``update``, ``advance``, ``length``): a model run
+    with either gives the same logits. Sequence ``b`` owns the pages listed in
+    ``block_tables[b]``; position ``p`` lives in page ``block_tables[b][p // page_size]`` at
+    row ``p % page_size``. :meth:`update` allocates pages as positions arrive (at layer 0),
+    copies a page shared with another sequence before writing into it (copy-on-write), and
+    returns the cached keys and values gathered through the block table,
+    (B, H_kv, length + T, d_head). :meth:`from_prefix` starts a cache that shares the pages
+    of another's first positions (prefix caching); :meth:`release` gives every page back.
+    Kwon et al. (2023).
+    """
+
+    def __init__(self, pool: PagePool, batch_size: int = 1, max_seq_len: int | None = None) -> None:
+        if not isinstance(pool, PagePool):
+            raise TypeError(f"pool must be a PagePool, got {type(pool).__name__}")
+        self.pool = pool
+        self.batch_size = check_positive_int("batch_size", batch_size)
+        self.n_layers, self.n_kv_heads, self.d_head = pool.n_layers, pool.n_kv_heads, pool.d_head
+        self.max_seq_len = (pool.num_pages * pool.page_size if max_seq_len is None
+                            else check_positive_int("max_seq_len", max_seq_len))
+        self.block_tables: list[list[int]] = [[] for _ in range(batch_size)]
+        self.length = 0
+
+    @classmethod
+    def from_prefix(cls, source: PagedKVCache, length: int) -> PagedKVCache:
+        """A cache whose first ``length`` positions are those of ``source``, sharing its pages.
+
+        The pages that hold positions 0..length-1 get one more reference each; nothing is
+        copied until one of them is written (the last, partly filled page, on the first
+        :meth:`update`).
+        """
+        if not isinstance(source, PagedKVCache):
+            raise TypeError(f"source must be a PagedKVCache, got {type(source).__name__}")
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= source.length:
+            raise ValueError(f"length must be an int in [0, {source.length}], got {length!r}")
+        new = cls(source.pool, source.batch_size, source.max_seq_len)
+        n_pages = -(-length // source.pool.page_size)
+        new.block_tables = [[source.pool.share(page) for page in table[:n_pages]]
+                            for table in source.block_tables]
+        new.length = length
+        return new
+
+    def _prepare(self, end: int) -> None:
+        """Give every sequence private pages for positions length..end-1 (layer 0 only)."""
+        P = self.pool.page_size
+        for table in self.block_tables:
+            for idx in range(self.length // P, -(-end // P)):
+                if idx == len(table):
+                    table.append(self.pool.allocate())
+                elif self.pool.refs[table[idx]] > 1:  # shared: copy before writing
+                    old = table[idx]
+                    table[idx] = self.pool.copy(old)
+                    self.pool.release(old)
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new keys and values of ``layer`` (B, H_kv, T, d_head) into their pages;
+        return all cached keys and values (B, H_kv, length + T, d_head), gathered."""
+        end = _check_new_kv(self, layer, k, v)
+        if layer == 0:
+            self._prepare(end)
+        P = self.pool.page_size
+        pos = torch.arange(self.length, end, device=k.device)  # (T,)
+        outs = []
+        for b, table in enumerate(self.block_tables):
+            pages = torch.tensor(table, dtype=torch.long, device=k.device)  # (n_pages,)
+            for buf, new in ((self.pool.keys[layer], k[b]), (self.pool.values[layer], v[b])):
+                buf[pages[pos // P], :, pos % P] = new.transpose(0, 1)  # (T, H_kv, d_head)
+            outs.append([buf[pages].transpose(0, 1).reshape(self.n_kv_heads, -1, self.d_head)[:, :end]
+                         for buf in (self.pool.keys[layer], self.pool.values[layer])])
+        return (torch.stack([o[0] for o in outs]),  # (B, H_kv, end, d_head)
+                torch.stack([o[1] for o in outs]))
+
+    advance = KVCache.advance
+
+    def release(self) -> None:
+        """Return every page of every sequence to the pool and empty the cache."""
+        for table in self.block_tables:
+            for page in table:
+                self.pool.release(page)
+            table.clear()
+        self.length = 0
+
+    def __repr__(self) -> str:
+        return (f"PagedKVCache(batch_size={self.batch_size}, length={self.length}, pages="
+                f"{[len(t) for t in self.block_tables]}, page_size={self.pool.page_size})")
+
+
+def quantize_kv_int8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-token, per-head absmax int8 quantisation of keys or values (..., d_head).
+
+    Each vector x (the last dimension: one token of one head) gets the scale
+    s = max|x| / 127 (1 for an all-zero vector) and is stored as q = round(x / s) in int8,
+    so |x - s q| <= s / 2 element by element. Returns q (..., d_head) int8 and s (..., 1)
+    in x's dtype.
+    """
+    if not isinstance(x, Tensor) or not x.is_floating_point() or x.ndim < 1:
+        raise TypeError(f"x must be a floating-point tensor with at least one dimension, got "
+                        f"{type(x).__name__ if not isinstance(x, Tensor) else x.dtype}")
+    absmax = x.abs().amax(dim=-1, keepdim=True)  # (..., 1)
+    scale = torch.where(absmax > 0, absmax / 127, torch.ones_like(absmax))
+    return torch.round(x / scale).clamp(-127, 127).to(torch.int8), scale
+
+
+def dequantize_kv_int8(q: Tensor, scale: Tensor) -> Tensor:
+    """Inverse of :func:`quantize_kv_int8`: q (..., d_head) int8 times scale (..., 1)."""
+    if not isinstance(q, Tensor) or q.dtype != torch.int8:
+        raise TypeError(f"q must be an int8 tensor, got {getattr(q, 'dtype', type(q).__name__)}")
+    return q.to(scale.dtype) * scale
+
+
+class Int8KVCache(KVCache):
+    """A :class:`KVCache` that stores keys and values in int8 with one scale per token and head.
+
+    Same interface and shapes; :meth:`update` quantises the new keys and values
+    (:func:`quantize_kv_int8`) and returns the dequantised cache, so attention runs in the
+    model's dtype on values within scale / 2 of the originals. Memory per position and layer:
+    2 H_kv (d_head + element_size) bytes (int8 numbers plus one scale per vector), against
+    2 H_kv d_head element_size for the float cache.
+    """
+
+    def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_seq_len: int,
+                 d_head: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__(n_layers, batch_size, n_kv_heads, max_seq_len, d_head, dtype=torch.int8,
+                         device=device)
+        scale_shape = (batch_size, n_kv_heads, max_seq_len, 1)
+        self.key_scales = [torch.ones(scale_shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.value_scales = [torch.ones(scale_shape, dtype=dtype, device=device) for _ in range(n_layers)]
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Quantise and store the new keys and values; return all of them dequantised
+        (B, H_kv, length + T, d_head) in the scales' dtype."""
+        qk, sk = quantize_kv_int8(k)
+        qv, sv = quantize_kv_int8(v)
+        keys, values = super().update(layer, qk, qv)  # checks shapes, writes the int8 numbers
+        end = keys.shape[2]
+        self.key_scales[layer][:, :, self.length:end] = sk
+        self.value_scales[layer][:, :, self.length:end] = sv
+        return (dequantize_kv_int8(keys, self.key_scales[layer][:, :, :end]),
+                dequantize_kv_int8(values, self.value_scales[layer][:, :, :end]))
+
+    def num_bytes(self) -> int:
+        """Bytes of the int8 buffers and their scales."""
+        return super().num_bytes() + sum(t.numel() * t.element_size()
+                                         for t in (*self.key_scales, *self.value_scales))

@@ -75,3 +75,18 @@ if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these
     from llmbook.nbtools import run_solution_tests
 
     raise SystemExit(run_solution_tests(__file__))
+
+
+def pages_with_prefix(lengths: list[int], prefix_len: int, page_size: int) -> int:
+    """Exercise 6: pages in use when requests share the pages of a common prompt.
+
+    The prompt's cache holds ceil(S / P) pages. Each request shares its floor(S / P) full
+    pages; the partly filled last page of the prompt (if S is not a multiple of P) is
+    copied when the request first writes into it, so the request owns
+    ceil(T / P) - floor(S / P) pages of its own.
+    """
+    if page_size < 1 or prefix_len < 0 or any(t < prefix_len for t in lengths):
+        raise ValueError(f"need page_size >= 1 and every length >= prefix_len >= 0, got "
+                         f"page_size={page_size}, prefix_len={prefix_len}, lengths={lengths}")
+    shared = prefix_len // page_size
+    return -(-prefix_len // page_size) + sum(-(-t // page_size) - shared for t in lengths)
