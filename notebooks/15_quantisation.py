@@ -30,7 +30,12 @@
 #     every ggml format, llama.cpp's Q4_K_M mixture, NF4, GPTQ and AWQ;
 # 13. **outlier channels** in the real model's activations, and how AWQ uses them;
 # 14. **claim C6**: how many numbers a SIMD instruction processes;
-# 15. the file's own 4-bit codes run by a PyTorch kernel.
+# 15. the file's own 4-bit codes run by a PyTorch kernel;
+# 16. **floating-point codes**: FP8's two formats derived and rounded exactly as torch's
+#     `float8` dtypes, and MXFP4's shared power-of-two scales, bit for bit with ggml;
+# 17. **QuaRot**: a Hadamard rotation that spreads the real model's outlier channels and
+#     makes its activations quantisable to 4 bits;
+# 18. **LLM.int8()**: the outlier columns computed in float, the rest in int8.
 #
 # The code lives in `llmbook.inference.quant` (quantisers, integer matmul, NF4),
 # `llmbook.inference.gptq` (GPTQ, AWQ, whole models), `llmbook.inference.gguf_file`,
@@ -41,10 +46,7 @@
 import copy
 import json
 import math
-import os
-import subprocess
-import sys
-import time
+from pathlib import Path
 
 import gguf.quants
 import matplotlib.pyplot as plt
@@ -54,6 +56,7 @@ import torch
 from gguf import GGMLQuantizationType
 from IPython.display import display
 
+import llmbook
 from llmbook.inference import ggml_quants
 from llmbook.inference.fast_decode import Int4Linear
 from llmbook.inference.ggml_kquants import q4_k_m_types
@@ -72,10 +75,19 @@ from llmbook.inference.gptq import (
     quantize_model,
     quantize_rtn,
 )
+from llmbook.inference.minifloat import (
+    E4M3,
+    E5M2,
+    dequantize_mx,
+    float_grid,
+    quantize_mx,
+    round_to_float,
+)
 from llmbook.inference.quant import (
     accumulator_overflow_length,
     dequantize,
     int8_matmul,
+    int8_matmul_decomposed,
     nf4_levels,
     nf4_offset,
     quantize_absmax,
@@ -94,6 +106,7 @@ from llmbook.inference.real_quant import (
     perplexity,
     requantize_ggml,
 )
+from llmbook.inference.rotation import hadamard_rotate, kurtosis
 from llmbook.nbtools import Checks, ClaimGrades, save_figure, seed_everything, show_source
 from llmbook.text.data import default_source
 from llmbook.training.pretrained import RECIPES, book_model
@@ -156,18 +169,27 @@ print("zero-point, 2 bits: q =", qz.q.tolist(), " scale =", round(qz.scale.item(
       " zero =", int(qz.zero.item()), " x_hat =", dequantize(qz).tolist())
 
 # %% [markdown]
-# The rule measured: 200 000 values spread evenly over $[-1, 1]$ (so every step is equally
-# filled) at several bit widths, and the largest error against the bound $\Delta/2$:
+# The rule measured: $n = 200\,000$ values spread evenly over $[-1, 1]$ (so every step is
+# equally filled) at several bit widths, and the largest error against the bound $\Delta/2$.
+# How close to 1 must the measured ratio $\mathrm{MSE}/(\Delta^2/12)$ be? The mean of $n$
+# squared errors fluctuates with a relative standard deviation of
+# $\sqrt{\mathrm{Var}(e^2)}/\mathbb E[e^2]\,/\sqrt n$, which SymPy gives before any
+# rounding is done; the check allows five of them:
 
 # %%
-x = torch.rand(200_000, generator=g, dtype=f64) * 2 - 1
+rel_sd_e2 = sp.sqrt(sp.integrate(e**4 / Delta, (e, -Delta / 2, Delta / 2)) - mse_e**2) / mse_e
+n_uniform = 200_000
+tol_mse = 5 * float(rel_sd_e2) / math.sqrt(n_uniform)
+print(f"relative sd of e^2: {sp.nsimplify(rel_sd_e2)} = {float(rel_sd_e2):.4f}; "
+      f"tolerance 5 sd / sqrt(n) = {tol_mse:.4f}")
+x = torch.rand(n_uniform, generator=g, dtype=f64) * 2 - 1
 checks = Checks("rounding error: MSE = Δ²/12 and |e| <= Δ/2")
 for bits in (4, 6, 8):
     for name, quant in (("absmax", quantize_absmax), ("zero-point", quantize_zeropoint)):
         qt = quant(x, bits)
         err = dequantize(qt) - x
         ratio = float((err**2).mean() / (qt.scale**2 / 12))
-        checks.close(f"{name} {bits} bits: MSE / (Δ²/12)", 1.0, ratio, tol=0.03)
+        checks.close(f"{name} {bits} bits: MSE / (Δ²/12)", 1.0, ratio, tol=tol_mse)
         checks.true(f"{name} {bits} bits: max|e| / (Δ/2) <= 1", float(err.abs().max() / (qt.scale / 2)) <= 1 + 1e-9,
                     got=float(err.abs().max() / (qt.scale / 2)))
 checks
@@ -233,6 +255,14 @@ show_source(int8_matmul)
 # The checks: the int32 result equals the float product of the dequantised matrices (the
 # integer part is exact, so the only error is float round-off), and a row of eight codes of
 # 127 summed in a simulated int16 accumulator wraps around to a wrong, even negative, value.
+# The error of W8A8 against the float product is predicted from the scales alone by section
+# 15.1's rule: to first order $\hat A\hat B^\top - AB^\top \approx E_A B^\top + A E_B^\top$ with
+# independent rounding errors of variance $\Delta^2/12$, so
+# $\mathbb E\lVert \hat A\hat B^\top - AB^\top\rVert_F^2 \approx \sum_m \frac{(s^A_m)^2}{12}\lVert B\rVert_F^2
+# + \sum_n \frac{(s^B_n)^2}{12}\lVert A\rVert_F^2$. The squared error is a sum over
+# $16 \times 24 = 384$ outputs, each close to Gaussian, so it scatters by about
+# $\sqrt{2/384} \approx 7\,\%$ and its root by half that; the check allows 15 %, fixed before
+# the run.
 
 # %%
 A = torch.randn(16, 768, generator=g, dtype=f64)  # (M, K): 16 tokens
@@ -248,8 +278,10 @@ checks.equal("int16 overflows at K =", 3, accumulator_overflow_length(16, 8))
 checks.equal("int32 overflows at K =", 133_145, accumulator_overflow_length(32, 8))
 checks.equal("8 × 127² in int16 wraps to", ((8 * 16129 + 2**15) % 2**16) - 2**15,
              round(int8_matmul(ones, ones, acc_bits=16).item() / ones.scale.item() ** 2))
-checks.true("relative error of W8A8 vs float < 2 %",
-            float((y_int - A @ B.T).norm() / (A @ B.T).norm()) < 0.02, got=float((y_int - A @ B.T).norm() / (A @ B.T).norm()))
+w8a8_predicted = math.sqrt(float((aq.scale**2).sum() / 12 * (B**2).sum()
+                                  + (bq.scale**2).sum() / 12 * (A**2).sum())) / float((A @ B.T).norm())
+checks.close("relative error of W8A8 vs float: measured / predicted from Δ²/12", 1.0,
+             float((y_int - A @ B.T).norm() / (A @ B.T).norm()) / w8a8_predicted, tol=0.15)
 checks
 
 # %% [markdown]
@@ -309,16 +341,27 @@ for name, (err_x, err_y) in results.items():
 # content is lost.
 # Per-token scales do not help much, since every token contains the outliers. Per-channel
 # scales fix the activations, and smoothing, which stays integer-friendly, brings the output
-# error down about five-fold.
+# error down about five-fold (a measurement on this one layer, printed above).
+#
+# Two of these numbers can be predicted from the scales without rounding anything. An
+# ordinary value is standard normal, and it rounds to code 0 when $|x| < \Delta/2$, which
+# happens with probability $\operatorname{erf}(\Delta / 2\sqrt 2)$; with $n = 512 \times 252$
+# values the measured share scatters by $\sqrt{p(1-p)/n} \approx 0.0011$ (the check allows
+# 0.01). With one scale per channel the step is small against the spread of the values, so
+# the rule $\Delta^2/12$ of section 15.1 predicts the error of the ordinary channels; the
+# relative scatter of a mean of $n$ squared uniform errors is $\sqrt{4/5}/\sqrt n = 0.25\,\%$,
+# and of its root half that (the check allows 1 %).
 
 # %%
-checks = Checks("activation outliers")
-checks.true("per tensor: ordinary channels lose > 50 %", results["per tensor"][0] > 0.5,
-            got=results["per tensor"][0])
-checks.true("per channel: ordinary channels lose < 1 %", results["per channel (float matmul)"][0] < 0.01,
-            got=results["per channel (float matmul)"][0])
-checks.true("smoothing: output error x3 below per token", results["per token"][1] > 3 * results["smoothed, per token"][1],
-            got=results["per token"][1] / results["smoothed, per token"][1])
+xq_tensor = quantize_absmax(X, 8)
+p_zero = math.erf(float(xq_tensor.scale) / (2 * math.sqrt(2)))
+xq_channel = quantize_absmax(X, 8, dim=1)
+ordinary_predicted = math.sqrt(float(X.shape[0] * (xq_channel.scale.reshape(-1)[4:] ** 2).sum() / 12)) / float(X[:, 4:].norm())
+checks = Checks("activation outliers, against predictions from the scales")
+checks.close("per tensor: share of ordinary values rounded to 0 vs erf(Δ/2√2)", p_zero,
+             float((xq_tensor.q[:, 4:] == 0).double().mean()), tol=0.01)
+checks.close("per channel: ordinary channels' error / √(Σ Δ²/12)", 1.0,
+             results["per channel (float matmul)"][0] / ordinary_predicted, tol=0.01)
 checks
 
 # %% [markdown]
@@ -490,7 +533,12 @@ show_source(gptq_quantize)
 # %% [markdown]
 # The checks on one layer with correlated inputs (1024 tokens, $d_{in} = 64$,
 # $d_{out} = 48$, 3 bits, groups of 16): the Cholesky and the naive formulation agree to
-# round-off, and GPTQ's output error is well below round-to-nearest's.
+# round-off, and GPTQ's output error is well below round-to-nearest's. The OBS costs that
+# GPTQ adds up column by column must also add up to the final objective exactly: each step
+# minimises the quadratic over the columns left, so the increments telescope to
+# $\tfrac12\,\delta^\top (H + \lambda I)\,\delta$ summed over the rows, that is
+# $\lVert X(W-\hat W)^\top\rVert_F^2 + \tfrac{\lambda}{2}\lVert W - \hat W\rVert_F^2$ with the damping
+# $\lambda$, computed from the final weights alone:
 
 # %%
 mix = torch.randn(64, 64, generator=g, dtype=f64) / 8 + torch.eye(64, dtype=f64)
@@ -503,7 +551,9 @@ err_rtn, err_gptq = layer_output_error(Wl, quantize_rtn(Wl, 3, 16), Xc), layer_o
 checks = Checks("GPTQ on one layer")
 checks.close("Cholesky = naive (explicit inverse + downdates)", W_naive, W_chol, tol=1e-6)
 checks.true("‖(W - Ŵ)Xᵀ‖: GPTQ < RTN", err_gptq < err_rtn, got=f"{err_gptq:.4g} vs {err_rtn:.4g}")
-checks.close("OBS loss estimate / ‖(W - Ŵ)Xᵀ‖²", 1.0, stats["loss"] / err_gptq**2, tol=0.05)
+lam_damp = 0.01 * float(Hl.diagonal().mean())  # gptq_quantize's default damping
+checks.close("Σ OBS costs = ‖X(W - Ŵ)ᵀ‖² + λ/2 ‖W - Ŵ‖²", err_gptq**2 + lam_damp / 2 * float(((Wl - W_chol) ** 2).sum()),
+             stats["loss"], tol=1e-9, rel=True)
 checks
 
 # %% [markdown]
@@ -564,7 +614,7 @@ checks.true("no method beats the enumerated optimum", bool(min(v.min() for v in 
             got=float(min(v.min() for v in gaps.values())))
 checks.true("GPTQ's median excess < RTN's", bool(gaps["gptq"].median() < gaps["rtn"].median()),
             got=f"{float(gaps['gptq'].median()):.3f} vs {float(gaps['rtn'].median()):.3f}")
-checks.true("GPTQ no worse than RTN in most problems", int((gaps["gptq"] <= gaps["rtn"] + 1e-12).sum()) > 150,
+checks.true("GPTQ no worse than RTN in most (> 100) problems", int((gaps["gptq"] <= gaps["rtn"] + 1e-12).sum()) > 100,
             got=int((gaps["gptq"] <= gaps["rtn"] + 1e-12).sum()))
 checks
 
@@ -594,15 +644,23 @@ show_source(awq_scale_search)
 # %% [markdown]
 # On the outlier layer of section 15.4 at 3 bits with groups of 32, the search for this one
 # layer picks a large $\alpha$ and cuts the output error; on the well-behaved layer above it
-# has little to gain:
+# has little to gain. Since $\alpha = 0$ is on the grid, AWQ can never do worse than RTN on
+# the data it was searched on: that ratio is a measurement, not a test. The test is on fresh
+# inputs from the same distribution (new tokens, the same four outlier channels), which the
+# search never saw:
 
 # %%
-checks = Checks("AWQ at 3 bits, groups of 32")
+X_fresh = torch.randn(512, 256, generator=torch.Generator().manual_seed(157), dtype=f64)  # its own stream
+X_fresh[:, :4] *= 100.0  # the same four outlier channels, new tokens
+checks = Checks("AWQ at 3 bits, groups of 32, on inputs the search did not see")
+awq_fit = {}
 for name, (W_, X_) in {"outlier layer": (W, X), "correlated layer": (Wl, Xc)}.items():
-    W_awq, st = awq_scale_search(W_, X_, 3, 32)
-    e_awq, e_rtn = layer_output_error(W_, W_awq, X_), layer_output_error(W_, quantize_rtn(W_, 3, 32), X_)
-    print(f"{name:17s} alpha = {st['alpha']:.2f}  error AWQ / RTN = {e_awq / e_rtn:.3f}")
-    checks.true(f"{name}: AWQ error <= RTN error", e_awq <= e_rtn * (1 + 1e-12), got=e_awq / e_rtn)
+    awq_fit[name], st = awq_scale_search(W_, X_, 3, 32)
+    e_awq, e_rtn = layer_output_error(W_, awq_fit[name], X_), layer_output_error(W_, quantize_rtn(W_, 3, 32), X_)
+    print(f"{name:17s} alpha = {st['alpha']:.2f}  error AWQ / RTN on its calibration data = {e_awq / e_rtn:.3f}")
+fresh_ratio = layer_output_error(W, awq_fit["outlier layer"], X_fresh) / \
+    layer_output_error(W, quantize_rtn(W, 3, 32), X_fresh)
+checks.true("outlier layer, fresh inputs: AWQ error < RTN error", fresh_ratio < 1, got=f"{fresh_ratio:.3f}")
 checks
 
 # %% [markdown]
@@ -672,10 +730,6 @@ checks.close("logits of the folded model vs the original", model64(calib), scale
 ratio = scaled.blocks[0].attn_norm.weight / model64.blocks[0].attn_norm.weight
 checks.close("attention norm gain divided by the q/k/v scale", 1 / awq_records[0]["scales"], ratio,
              tol=1e-12)
-checks.true("every group's error <= its RTN error (α = 0)",
-            all(min(r["errors"]) <= r["errors"][0] for r in awq_records),
-            got=f"{sum(min(r['errors']) < r['errors'][0] for r in awq_records)} of "
-                f"{len(awq_records)} strictly lower")
 checks
 
 
@@ -708,19 +762,16 @@ plt.show()
 # At 8 bits every method is indistinguishable from the float model. At 4 and 3 bits
 # round-to-nearest costs visibly more, and GPTQ recovers most of it: its perplexity increase
 # is a fraction of RTN's. AWQ is no better than RTN here, and slightly worse at 3 bits. The
-# earlier version of this chapter searched a separate scale for every layer, which cannot
-# be folded; it gave +0.0215 at 4 bits and +0.1007 at 3 bits, the shared, folded scales
-# above give about the same. The reason is the model, not the bookkeeping: it has no
-# outlier channels to protect (the search picks small $\alpha$ and gains a few per cent per
-# sub-block), and a sub-block's lower error on calibration data does not carry over to the
-# loss of the whole model, where the errors of all layers combine.
+# reason is the model, not the bookkeeping of shared scales: it has no outlier channels to
+# protect (the search picks small $\alpha$ and gains a few per cent per sub-block, and by
+# construction never loses on its calibration data, since $\alpha = 0$ is RTN), and a
+# sub-block's lower error on calibration data does not carry over to the loss of the whole
+# model, where the errors of all layers combine. These increases are measurements of one
+# model on one validation sample (printed above); the check below claims only the ordering
+# that GPTQ's construction predicts.
 
 # %%
 checks = Checks("book model: GPTQ vs round-to-nearest")
-for b, tol in ((8, 0.001), (4, 0.01), (3, 0.03)):
-    worst = max(math.exp(losses[m][b] - base) - 1 for m in losses)
-    checks.true(f"{b} bits: every method within {tol:.1%} of float perplexity", worst < tol,
-                got=f"{worst:.1e}")  # two digits: the third depends on the CPU
 for b in (4, 3):
     checks.true(f"{b} bits: GPTQ's increase < RTN's", losses["gptq"][b] - base < losses["rtn"][b] - base,
                 got=(losses["gptq"][b] - base) / (losses["rtn"][b] - base))
@@ -770,29 +821,49 @@ speedup = sp.simplify((N_w * 16 / 8 / beta) / t_decode)
 n_star = sp.solve(sp.Eq(2 * N_w * n_tok / (N_w * w_s / 8), peak / beta), n_tok)[0]  # w bits/weight
 display(sp.Eq(sp.Symbol("S"), speedup), sp.Eq(sp.Symbol("S_{g \\to \\infty}"), sp.limit(speedup, g_s, sp.oo)),
         sp.Eq(sp.Symbol("n^*"), n_star))
-speedup_f = sp.lambdify((b_s, g_s), speedup)
 print(f"{'storage':18s} {'bits/weight':>11s} {'speed-up':>9s} {'memory-bound below batch (H100)':>32s}")
 for bits_, group_ in ((16, None), (8, 128), (4, 128), (4, 32), (3, 128)):
     w_ = stored_bits_per_weight(None if bits_ == 16 else bits_, group_)
     n_ = float(n_star.subs({peak: 989e12, beta: 3.35e12, w_s: w_}))
     label = f"{bits_} bits" + (f", g = {group_}" if group_ else "")
-    print(f"{label:18s} {w_:11.3f} {16 / w_:9.2f} {n_:32.0f}")
-checks = Checks("roofline of weight-only quantisation")
-checks.true("SymPy: S -> 16/b as g -> oo", sp.limit(speedup, g_s, sp.oo) == 16 / b_s,
-            got=sp.limit(speedup, g_s, sp.oo))
-for bits_, group_ in ((4, 128), (3, 32)):
-    checks.close(f"stored_bits_per_weight({bits_}, {group_}): 16 / w = S", speedup_f(bits_, group_),
-                 16 / stored_bits_per_weight(bits_, group_), tol=1e-12)
-checks.close("book model, 4 bits g = 32: bytes / (N w / 8 + other params)", 1.0,
-             n_bytes["4 bits, groups of 32"] / (n_lin * stored_bits_per_weight(4, 32) / 8
-                                                  + 2 * (model.num_parameters() - n_lin)), tol=1e-4)
+    print(f"{label:18s} {w_:11.3f} {float(speedup.subs({b_s: bits_, g_s: group_ or sp.oo})) if bits_ < 16 else 1.0:9.2f} "
+          f"{n_:32.0f}")
 llama7b = roofline(2 * 6.74e9, 6.74e9 * stored_bits_per_weight(4, 128) / 8, 989e12, 3.35e12)
 llama7b_fp16 = roofline(2 * 6.74e9, 6.74e9 * 2, 989e12, 3.35e12)
 print(f"Llama 2 7B on an H100, batch 1: float16 {6.74e9 * 2 / 1e9:.1f} GB and >= "
       f"{llama7b_fp16['time'] * 1e3:.1f} ms per token; 4 bits, g = 128: "
-      f"{6.74e9 * stored_bits_per_weight(4, 128) / 8 / 1e9:.1f} GB and >= {llama7b['time'] * 1e3:.1f} ms")
-checks.true("7B model, 4 bits, batch 1 on an H100: memory-bound", llama7b["bound"] == "memory",
-            got=f"intensity {llama7b['intensity']:.2f} vs balance {llama7b['balance']:.0f} FLOP/B")
+      f"{6.74e9 * stored_bits_per_weight(4, 128) / 8 / 1e9:.1f} GB and >= {llama7b['time'] * 1e3:.1f} ms; "
+      f"intensity {llama7b['intensity']:.2f} FLOP/B against a balance of {llama7b['balance']:.0f}: "
+      f"{llama7b['bound']}-bound")
+
+# %% [markdown]
+# The whole argument rests on the byte count $w$ per weight, so it is checked against storage
+# that exists rather than against the formula again: the bits held by the tensors that
+# `quantize_zeropoint` returns for every linear layer of the book's model (codes, scales and
+# zero points counted element by element), and the block sizes that ggml's own package
+# publishes (`gguf.constants.GGML_QUANT_SIZES`, from `ggml-common.h`), for its layouts with a
+# float16 minimum (Q4_1: `zero_bits=16`) and without one (Q8_0: `zero_bits=0`), together
+# with the real file's bytes per weight in those two types (section 15.10 lists them):
+
+# %%
+counted_bits = 16 * (model.num_parameters() - n_lin)  # everything but the quantised weights in 16 bits
+for _, lin in ((n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n.startswith("blocks.")):
+    qt = quantize_zeropoint(lin.weight.detach(), 4, group_size=32)
+    counted_bits += 4 * qt.q.numel() + 16 * qt.scale.numel() + 4 * qt.zero.numel()
+ggml_sizes = {q: gguf.constants.GGML_QUANT_SIZES[GGMLQuantizationType[q]] for q in ("Q4_1", "Q8_0")}  # (block, bytes)
+file_types = tensor_types(read_gguf(smollm2_path()))  # type -> (tensors, weights, bytes)
+checks = Checks("stored bits per weight against storage that exists")
+checks.true("SymPy: S -> 16/b as g -> oo", sp.limit(speedup, g_s, sp.oo) == 16 / b_s,
+            got=sp.limit(speedup, g_s, sp.oo))
+checks.close("book model, 4 bits g = 32: bits counted in the quantiser's tensors / 8 = model_memory_bytes",
+             counted_bits / 8, n_bytes["4 bits, groups of 32"], tol=1.0)
+checks.close("… and per quantised weight = stored_bits_per_weight(4, 32)", stored_bits_per_weight(4, 32),
+             (counted_bits - 16 * (model.num_parameters() - n_lin)) / n_lin, tol=1e-12)
+for q, (bits_, zero_) in {"Q4_1": (4, 16), "Q8_0": (8, 0)}.items():
+    w_ = stored_bits_per_weight(bits_, ggml_sizes[q][0], zero_bits=zero_)
+    checks.equal(f"{q}: stored_bits_per_weight({bits_}, 32, zero_bits={zero_}) = 8 × ggml's {ggml_sizes[q][1]} "
+                 f"bytes / {ggml_sizes[q][0]}", 8 * ggml_sizes[q][1] / ggml_sizes[q][0], w_)
+    checks.equal(f"{q}: = 8 × bytes / weights of the file's {q} tensors", 8 * file_types[q][2] / file_types[q][1], w_)
 checks
 
 # %% [markdown]
@@ -806,38 +877,54 @@ checks
 # (the last column). Serving many requests at once, the saving is memory capacity rather
 # than speed.
 #
-# What can be measured on this machine is the memory-bound half. The cell below times one
-# matrix-vector product with a $4096 \times 4096$ weight (64 MiB in float32, larger than the
-# CPU's caches) stored as float32, bfloat16 and int8 with one scale per row (PyTorch's
-# `_weight_int8pack_mm` CPU kernel, which dequantises as it reads), and reports the
-# effective bandwidth. The numbers depend on the machine and its load, so the cell's output
-# is not part of the book's checked results. The model predicts times in proportion to the
-# bytes; a CPU kernel gets there only if its arithmetic (converting every weight to float
-# before the multiply-add) keeps pace with memory, which not every dtype's kernel does on
-# every CPU. Compare the speed-up column with the bytes column on your machine.
+# What can be measured on this machine is the memory-bound half. `benchmarks/quant_bandwidth.py`
+# times one matrix-vector product with a weight as large as SmolLM2's output layer
+# ($49152 \times 576$, 113 MB in float32, far larger than the CPU's caches) stored as float32,
+# bfloat16, int8 with one scale per row (PyTorch's `_weight_int8pack_mm`) and int4 in groups
+# of 32 (`_weight_int4pack_mm_for_cpu`), both of which dequantise as they read. A single
+# timing on a shared machine varies from run to run by more than some of the differences it
+# is meant to show, so the script repeats every variant in interleaved rounds and ships the
+# median with its quartiles and extremes; the table reads that file, and a difference is
+# claimed only where the interquartile ranges (the middle half of the rounds) do not
+# overlap. The model predicts a speed-up equal to the bytes ratio; a CPU
+# kernel gets there only if its arithmetic (converting every weight to float before the
+# multiply-add) keeps pace with memory.
 
-# %% tags=["nbval-ignore-output"]
-W_big = torch.randn(4096, 4096, generator=g)
-x_vec = torch.randn(1, 4096, generator=g)
-w_i8 = quantize_absmax(W_big, 8, dim=0)
-variants = {
-    "float32": (lambda: x_vec @ W_big.T, 4),
-    "bfloat16": ((lambda xb, Wb: lambda: xb @ Wb.T)(x_vec.bfloat16(), W_big.bfloat16()), 2),
-    "int8 + row scales": ((lambda xb, q8, sc: lambda: torch._weight_int8pack_mm(xb, q8, sc))(
-        x_vec.bfloat16(), w_i8.q.to(torch.int8), w_i8.scale.reshape(-1).bfloat16()), 1),
-}
-timings = {}
-for name, (fn, nbytes) in variants.items():
-    fn()  # warm up
-    best = math.inf
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(10):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / 10)
-    timings[name] = best
-    print(f"{name:18s} {best * 1e3:7.2f} ms  {4096 * 4096 * nbytes / best / 1e9:6.1f} GB/s  "
-          f"speed-up over float32 {timings['float32'] / best:4.2f} (bytes: {4 / nbytes:.0f}x)")
+# %%
+bench_q = json.loads((Path(llmbook.__file__).resolve().parents[1] / "benchmarks" / "results"
+                      / "quant_bandwidth.json").read_text(encoding="utf-8"))
+mv = bench_q["matvec"]["variants"]
+made_q = bench_q["made"]
+print(f"weight {' x '.join(map(str, bench_q['matvec']['shape']))}; "
+      f"{made_q['cpu']}, {made_q['cores']} cores, {made_q['cpu_capability']}, 1 thread, "
+      f"load average {made_q['load_average_1min']:.1f} while measuring; {bench_q['recipe']['repeats']} rounds, "
+      f"{made_q['date'][:10]}")
+print(f"{'storage':20s} {'bits/weight':>11s} {'GB/s':>5s} {'speed-up over float32: median [quartiles] (min-max)':>52s} "
+      f"{'bytes ratio':>11s}  bytes ratio is")
+for name, r in mv.items():
+    s_ = r["speedup_vs_float32"]
+    where = ("inside the quartiles" if s_["q1"] <= r["bytes_ratio_vs_float32"] <= s_["q3"]
+             else "above the quartiles" if r["bytes_ratio_vs_float32"] > s_["q3"] else "below the quartiles")
+    print(f"{name:20s} {r['bits_per_weight']:11.2f} {r['GBps']['median']:5.1f} {s_['median']:23.2f} "
+          f"[{s_['q1']:.2f}, {s_['q3']:.2f}] ({s_['min']:.2f}-{s_['max']:.2f}) {r['bytes_ratio_vs_float32']:11.2f}  "
+          f"{'-' if name == 'float32' else where}")
+checks = Checks("weight-only matvec: differences larger than the spread (shipped benchmark)")
+for name in ("bfloat16", "int8, row scales", "int4, groups of 32"):
+    checks.true(f"{name}: faster than float32 in every round (min speed-up > 1)",
+                mv[name]["speedup_vs_float32"]["min"] > 1, got=f"{mv[name]['speedup_vs_float32']['min']:.2f}")
+for fewer, more in (("int8, row scales", "bfloat16"), ("int4, groups of 32", "int8, row scales")):
+    checks.true(f"{fewer} beats {more}: interquartile ranges of the speed-up apart",
+                mv[fewer]["speedup_vs_float32"]["q1"] > mv[more]["speedup_vs_float32"]["q3"],
+                got=f"{mv[fewer]['speedup_vs_float32']['q1']:.2f} > {mv[more]['speedup_vs_float32']['q3']:.2f}")
+checks
+
+# %% [markdown]
+# Fewer bytes do make the product faster, in the order of the bytes, beyond the spread. How
+# close each kernel comes to its bytes ratio is in the last column: where the ratio lies
+# inside the quartiles the kernel keeps pace with memory; where it lies above, the
+# conversion of every weight costs more than the bytes it saves. The figures belong to the
+# machine and the load recorded with them (a machine shared with other work, whose load
+# lowers every bandwidth); rerun the script to measure yours.
 
 # %% [markdown]
 # ## 15.10 GGUF's block formats, on a real file
@@ -1236,28 +1323,43 @@ plt.show()
 #
 # AWQ turns the same statistic into weight protection: the input channel $j$ of a weight
 # gets the scale $s_j = \overline{|x_j|}^{\,\alpha}$ before rounding, so the weights that
-# meet large inputs are rounded on a finer relative grid. On the most extreme layer, with
-# its captured inputs as calibration:
+# meet large inputs are rounded on a finer relative grid (for any $\alpha > 0$ the largest
+# scales sit, by construction, on the channels of largest mean $|x|$). On the most extreme
+# layer, the scales are searched on the first 128 of the captured tokens, and the output
+# error is measured both there (where $\alpha = 0$ on the grid guarantees that AWQ is no
+# worse than RTN) and on the other 128 tokens, which the search never saw; then once more
+# with the first token left out of the calibration:
 
 # %%
 W_worst = model64.blocks[worst_layer].get_submodule(LINEAR_INPUTS[worst_kind]).weight.detach()
-X_worst = inputs[worst_kind][worst_layer]
-W_awq, awq_stats = awq_scale_search(W_worst, X_worst, 4, 32)
-top_s = set(awq_stats["scales"].argsort(descending=True)[:5].tolist())
-top_x = set(X_worst.abs().mean(0).argsort(descending=True)[:5].tolist())
-err_awq = layer_output_error(W_worst, W_awq, X_worst)
-err_rtn = layer_output_error(W_worst, quantize_rtn(W_worst, 4, 32), X_worst)
-print(f"{worst_kind}, layer {worst_layer}: alpha = {awq_stats['alpha']:.2f}, "
-      f"output error AWQ / RTN = {err_awq / err_rtn:.2f}")
-checks = Checks("AWQ's scales follow the outlier channels")
-checks.equal("5 largest scales = 5 largest mean |x| channels", sorted(top_x), sorted(top_s))
-checks.true("AWQ's output error < RTN's on this layer", err_awq < err_rtn, got=f"{err_awq / err_rtn:.2f}")
+X_worst = inputs[worst_kind][worst_layer]  # (256, d_in)
+W_rtn = quantize_rtn(W_worst, 4, 32)
+top_channel = int(X_worst.abs().amax(0).argmax())
+print(f"{worst_kind}, layer {worst_layer}: channel {top_channel} peaks at token "
+      f"{int(X_worst[:, top_channel].abs().argmax())} with |x| = {float(X_worst[:, top_channel].abs().max()):.0f}; "
+      f"its largest value on any other token: {float(X_worst[1:, top_channel].abs().max()):.2f}")
+print(f"{'calibration tokens':>18s} {'alpha':>5s} {'AWQ / RTN on calibration':>25s} {'on tokens 128-255':>18s}")
+for label, X_cal in (("0-127", X_worst[:128]), ("1-127", X_worst[1:128])):
+    W_awq, awq_stats = awq_scale_search(W_worst, X_cal, 4, 32)
+    ratios = [layer_output_error(W_worst, W_awq, X_) / layer_output_error(W_worst, W_rtn, X_)
+              for X_ in (X_cal, X_worst[128:])]
+    print(f"{label:>18s} {awq_stats['alpha']:5.2f} {ratios[0]:25.2f} {ratios[1]:18.2f}")
+checks = Checks("where the most extreme outlier of the real model sits")
+checks.equal(f"channel {top_channel}'s largest |x| is on the first token", 0,
+             int(X_worst[:, top_channel].abs().argmax()))
 checks
 
 # %% [markdown]
-# This is what moved AWQ's row in the sweep above RTN's: the same 4-bit codes in groups of
-# 32, but with each input channel scaled by its activations before rounding. Its scales were
-# searched on 2,048 tokens of other text, with the o_proj scale left unfolded (under
+# The extreme outlier is one value: the first token of the text, in a few channels, is
+# thousands of times larger than anything else (a "massive activation", which many
+# language models put on their first token). AWQ's statistic, the mean $|x|$ of a channel,
+# is then set by that one token, the search scales those channels up to $\alpha = 1$, and
+# the output error it reports on its own calibration tokens is a small fraction of RTN's.
+# On tokens it has not seen that gain turns into a loss, and with the first token left out
+# the search finds almost nothing to gain at all. These are measurements on one layer: they
+# show that a per-layer calibration error is no evidence on its own. AWQ's row in the sweep
+# (section 15.12) is the evidence that counts, since it was scored on held-out prose, with
+# scales searched on 2,048 tokens of other text and the o_proj scale left unfolded (under
 # grouped-query attention a row of v_proj feeds three heads, section 15.8).
 #
 # ## 15.14 Claim C6: how many elements does SIMD process at once?
@@ -1282,51 +1384,50 @@ for isa, (lo, hi) in register_bits.items():
 # %% [markdown]
 # PyTorch compiles its elementwise kernels several times and picks one when it starts,
 # by the CPU (`torch.backends.cpu.get_cpu_capability()`: "DEFAULT", "AVX2", "AVX512" on
-# x86); the variable `ATEN_CPU_CAPABILITY` forces a lower one. The cell below times, in
-# fresh processes on one thread, a compute-bound elementwise function (the sigmoid, on
-# 16,384 float32 values that stay in cache) and a product (two loads and a store per
-# element, limited by the cache's bandwidth), under each capability this CPU has. Its
-# output depends on the machine and is not compared by the tests.
+# x86); the variable `ATEN_CPU_CAPABILITY` forces a lower one. `benchmarks/quant_bandwidth.py`
+# times, in fresh processes on one thread, a compute-bound elementwise function (the sigmoid,
+# on 16,384 float32 values that stay in cache) and a product (two loads and a store per
+# element, limited by the cache's bandwidth), under each capability the measuring CPU has,
+# each figure from many short samples; the table reads the shipped result, with each
+# speed-up's range taken from the quartiles (the generic kernel's first quartile over the
+# vectorised one's third, and the reverse):
 
-# %% tags=["nbval-ignore-output"]
-SIMD_TIMING = """
-import time, torch
-torch.set_num_threads(1)
-x, z = torch.rand(16384) + 0.5, torch.rand(16384)
-y = torch.empty_like(x)
-out = [torch.backends.cpu.get_cpu_capability()]
-for fn in (lambda: torch.sigmoid(x, out=y), lambda: torch.mul(x, z, out=y)):
-    for _ in range(100):
-        fn()
-    best = float("inf")
-    for _ in range(9):
-        t0 = time.perf_counter()
-        for _ in range(300):
-            fn()
-        best = min(best, time.perf_counter() - t0)
-    out.append(best / 300 / 16384 * 1e9)
-print(*out)
-"""
-native = torch.backends.cpu.get_cpu_capability()
-simd = {}
-for level in ["default"] + (["avx2"] if native == "AVX512" else []) + [None]:  # None: native
-    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
-    env |= {"ATEN_CPU_CAPABILITY": level} if level else {}
-    result = subprocess.run([sys.executable, "-c", SIMD_TIMING], env=env, capture_output=True, text=True, check=True)
-    capability, sigmoid_ns, mul_ns = result.stdout.split()
-    simd[capability] = (float(sigmoid_ns), float(mul_ns))
-print(f"this CPU: {native}")
-print(f"{'kernels':8s} {'sigmoid ns/element':>19s} {'speed-up':>9s} {'product ns/element':>19s} {'speed-up':>9s}")
-for capability, (sig, mul) in simd.items():
-    print(f"{capability:8s} {sig:19.3f} {simd['DEFAULT'][0] / sig:9.1f} {mul:19.3f} {simd['DEFAULT'][1] / mul:9.1f}")
+# %%
+simd = bench_q["simd"]["levels"]
+print(f"measured on: {made_q['cpu']} ({bench_q['simd']['native']}), {bench_q['recipe']['simd_samples']} samples each")
+print(f"{'kernels':8s} {'sigmoid ns/element':>19s} {'speed-up [range]':>18s} {'product ns/element':>19s} "
+      f"{'speed-up [range]':>18s}")
+simd_gain = {}
+for capability, r in simd.items():
+    row = f"{capability:8s}"
+    for op in ("sigmoid", "product"):
+        base_, this_ = simd["DEFAULT"][op]["summary"], r[op]["summary"]
+        simd_gain[capability, op] = (base_["median"] / this_["median"], base_["q1"] / this_["q3"],
+                                     base_["q3"] / this_["q1"])
+        gain = simd_gain[capability, op]
+        row += f" {this_['median']:19.3f} {gain[0]:6.1f} [{gain[1]:.1f}, {gain[2]:.1f}]"
+    print(row)
+simd_top = bench_q["simd"]["native"]
+checks = Checks("SIMD levels: differences larger than the spread (shipped benchmark)")
+checks.true(f"sigmoid: {simd_top} faster than DEFAULT (quartiles apart)", simd_gain[simd_top, "sigmoid"][1] > 1,
+            got=f"{simd_gain[simd_top, 'sigmoid'][1]:.1f}")
+checks.true(f"the product gains less from {simd_top} than the sigmoid (ranges apart)",
+            simd_gain[simd_top, "product"][2] < simd_gain[simd_top, "sigmoid"][1],
+            got=f"{simd_gain[simd_top, 'product'][2]:.1f} < {simd_gain[simd_top, 'sigmoid'][1]:.1f}")
+if "AVX2" in simd and simd_top == "AVX512":
+    checks.true("sigmoid: AVX512 faster than AVX2 (quartiles apart)",
+                simd["AVX512"]["sigmoid"]["summary"]["q3"] < simd["AVX2"]["sigmoid"]["summary"]["q1"],
+                got=f"{simd['AVX512']['sigmoid']['summary']['q3']:.3f} < "
+                    f"{simd['AVX2']['sigmoid']['summary']['q1']:.3f} ns")
+checks
 
 # %% [markdown]
-# On the machine that wrote this chapter (AVX-512), the sigmoid ran about 4 times faster
-# with the AVX2 kernels than with the generic ones and about 6 times faster with AVX-512:
-# more lanes, but not proportionally, since part of each kernel is not lane-parallel. The
-# product gained about 3 times from AVX2 and nothing more from AVX-512: with two loads and
-# a store per multiplication, the cache's bandwidth, not the lanes, is the limit. The
-# grade therefore depends on the machine, the data type and the operation:
+# Both operations gain from the vector kernels, but not alike. The sigmoid, whose cost is
+# arithmetic, gains several times over, and more again from the wider AVX-512 registers:
+# more lanes, though not in proportion, since part of each kernel is not lane-parallel. The
+# product, with two loads and a store per multiplication, is held back by the cache's
+# bandwidth rather than by the lanes and gains less; the checks compare interquartile
+# ranges, not single timings. The grade therefore depends on the machine, the data type and the operation:
 
 # %%
 claims = ClaimGrades("Claim C6")
@@ -1336,7 +1437,7 @@ claims.grade("C6", "a vectorised elementwise product processes 8+ elements simul
              f"x86 with AVX2 or AVX-512 kernels, not with 128-bit SSE or Arm NEON (4, as on "
              f"phones and Apple laptops), nor in a kernel that is not vectorised. Lanes are an "
              f"upper bound on the speed-up: a product that streams its operands is limited by "
-             f"memory bandwidth (measured above on this machine)", "true only under a condition")
+             f"memory bandwidth (measured above)", "true only under a condition")
 claims
 
 # %% [markdown]
@@ -1386,8 +1487,276 @@ checks
 # %% [markdown]
 # The kernel stores 5 bits per weight, as Q4_1 does, and reads them without ever building
 # the float32 matrix: a decoding step reads about a sixth of the bytes (5 bits against 32).
-# How much faster that makes decoding the whole model, against its roofline, is measured by
-# `benchmarks/real_model.py` and read in chapter 13 (section 13.7).
+# How much faster that makes decoding the whole model is measured by
+# `benchmarks/real_model.py` (chapter 13, section 13.7, reads it too): greedy decoding of
+# SmolLM2 in float32 and with every projection on this int4 kernel (the tied output layer
+# on the int8 one), each against its roofline, the STREAM-copy bandwidth over the bytes it
+# reads per token. The roofline is an upper bound derived before the run: no system may
+# exceed it.
+
+# %%
+bench_real = json.loads((Path(llmbook.__file__).resolve().parents[1] / "benchmarks" / "results"
+                         / "real_model.json").read_text(encoding="utf-8"))
+print(f"{bench_real['machine']['cpu']}, {bench_real['date'][:10]}, best of {bench_real['repeats']}, "
+      f"{bench_real['new_tokens']} new tokens; MB read per token: "
+      + ", ".join(f"{k} {v['total'] / 1e6:.0f}" for k, v in bench_real["bytes_per_token"].items()))
+print(f"{'threads':>7s} {'GB/s':>5s} {'system':28s} {'tokens/s':>8s} {'roofline':>8s} {'fraction':>8s}")
+checks = Checks("decoding SmolLM2 against its roofline (shipped benchmark)")
+for row in bench_real["rows"]:
+    for system, roof_key in (("transformers_fp32", "fp32"), ("book_fp32_static", "fp32"),
+                             ("book_int4_compiled", "int4_weights_int8_head")):
+        roof = row["roofline_tok_s"][roof_key]
+        print(f"{row['threads']:7d} {row['stream_copy_GBps']:5.1f} {system:28s} {row[system]:8.1f} {roof:8.1f} "
+              f"{row[system] / roof:8.2f}")
+        checks.true(f"{row['threads']} thread(s), {system}: at most its roofline", row[system] <= roof,
+                    got=f"{row[system] / roof:.2f}")
+checks
+
+# %% [markdown]
+# The float32 decode runs at most of its roofline: it is memory-bound, and the bytes are the
+# cost. The int4 decode is faster in tokens per second but further from its own, lower
+# roof: once the weights shrink sixfold, the time left is the per-token work that does not
+# shrink with them (Python and dispatch, attention, norms), which `real_model.json`'s
+# profile attributes. Fewer bytes per weight is the first step to a fast decode; a kernel
+# that keeps pace with them is the second.
+
+# %% [markdown]
+# ## 15.16 Floating-point codes: FP8 and MXFP4
+#
+# Every code so far was an integer times a scale: its levels are evenly spaced. A
+# **floating-point** code spends some of its bits on an exponent instead, so its levels are
+# dense near zero and sparse far from it, with a roughly constant *relative* spacing. With
+# $E$ exponent bits, $M$ mantissa bits and the bias $2^{E-1}-1$, a normal number is
+# $\pm 2^{e-\text{bias}}(1 + f/2^M)$ and the spacing inside a binade $[2^e, 2^{e+1})$ is
+# $2^{e-M}$. Two 8-bit formats are used for training and inference on current GPUs
+# (Micikevicius et al., 2022, "FP8 Formats for Deep Learning"): **E4M3**, which reserves only
+# one code per sign for NaN and so keeps the top binade for numbers (`torch.float8_e4m3fn`),
+# and **E5M2**, which keeps IEEE 754's infinities and NaNs in its top exponent
+# (`torch.float8_e5m2`). SymPy derives the largest value, the smallest normal and subnormal
+# numbers and the relative spacing $2^{-M}$ from those two rules; torch's own limits
+# (`torch.finfo`) are the peer:
+
+# %%
+E_s, M_s = sp.symbols("E M", positive=True, integer=True)
+bias_s = 2 ** (E_s - 1) - 1
+fp_rules = {  # the largest finite value under each convention for the top exponent
+    "E4M3 (top binade kept, NaN = all ones)": (2 - 2 ** (1 - M_s)) * 2 ** (2**E_s - 1 - bias_s),
+    "E5M2 (IEEE: top exponent reserved)": (2 - 2**-M_s) * 2 ** (2**E_s - 2 - bias_s)}
+checks = Checks("FP8 limits derived in SymPy against torch.finfo")
+for (name, max_expr), (fmt, dtype) in zip(fp_rules.items(), ((E4M3, torch.float8_e4m3fn),
+                                                               (E5M2, torch.float8_e5m2)), strict=True):
+    at = {E_s: fmt.exp_bits, M_s: fmt.man_bits}
+    derived = {"max": max_expr.subs(at), "smallest normal": (2 ** (1 - bias_s)).subs(at),
+               "smallest subnormal": (2 ** (1 - bias_s - M_s)).subs(at), "relative spacing": (2**-M_s).subs(at)}
+    info = torch.finfo(dtype)
+    print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in derived.items()))
+    for (k, v), peer_value in zip(derived.items(), (info.max, info.smallest_normal,
+                                                    float(torch.tensor(1, dtype=torch.uint8).view(dtype)),
+                                                    info.eps), strict=True):
+        checks.equal(f"{dtype}: {k}", peer_value, float(v))
+checks
+
+# %% [markdown]
+# The book's rounding, `round_to_float`, puts a value on this grid: find its binade, round
+# to the spacing there with ties to the even mantissa, and decide what happens above the
+# largest value. Measured on torch's casts (float32 on the CPU): `float8_e4m3fn` saturates to
+# $\pm 448$, `float8_e5m2` overflows to $\pm\infty$ from the midpoint between its largest value
+# and the next power of two, as IEEE rounding does; the function takes that as an argument.
+
+# %%
+show_source(round_to_float)
+
+# %% [markdown]
+# The checks: the grid (`float_grid`) equals the 256 bit patterns of each torch dtype, read
+# as numbers; and the 1,179,648 values of the real embedding rows of section 15.10, scaled
+# so that their largest magnitude lands on the format's maximum (one scale per tensor, as
+# FP8 inference does), round exactly as `Tensor.to(float8)` rounds them:
+
+# %%
+checks = Checks("FP8 grid and rounding against torch's float8 dtypes")
+fp8_error = {}
+for fmt, dtype in ((E4M3, torch.float8_e4m3fn), (E5M2, torch.float8_e5m2)):
+    patterns = torch.arange(256, dtype=torch.uint8).view(dtype).double()
+    finite = torch.unique(patterns[torch.isfinite(patterns) & (patterns >= 0)])
+    checks.equal(f"{dtype}: float_grid = the finite non-negative bit patterns ({len(finite)})",
+                 finite.tolist(), float_grid(fmt).tolist())
+    scaled = torch.from_numpy(E_f32) * (fmt.max_value / float(np.abs(E_f32).max()))
+    ours = round_to_float(scaled, fmt, saturate=fmt is E4M3)
+    checks.equal(f"{dtype}: round_to_float = torch's cast, all {scaled.numel():,} values bit for bit",
+                 True, bool(torch.equal(ours, scaled.to(dtype).float())))
+    fp8_error[dtype] = float((ours.double() - scaled.double()).norm() / scaled.double().norm())
+checks
+
+# %% [markdown]
+# **MXFP4.** Four bits leave a float only $E = 2$, $M = 1$: the eight magnitudes
+# $0, \tfrac12, 1, \tfrac32, 2, 3, 4, 6$ of **E2M1**. The OCP Microscaling (MX) specification
+# (Rouhani et al., 2023, "Microscaling Data Formats for Deep Learning") gives every block of
+# 32 such elements one shared scale $2^k$, stored as an 8-bit exponent (E8M0), with
+# $k = \lfloor \log_2 \max|x| \rfloor - 2$ (2 is the exponent of E2M1's largest binade), so
+# the block's largest value lands in $[4, 8)$ and rounds, saturating, to the top of the grid.
+# That is $4 + 8/32 = 4.25$ bits per weight. ggml calls the format MXFP4 (section 15.10's
+# table), and the gguf package encodes it: the peer. One detail differs: a value exactly
+# half-way between two E2M1 levels goes, in ggml's encoder, to the smaller magnitude (it
+# takes the first of the tied levels), where IEEE's rule and torch's casts take the even
+# mantissa. `quantize_mx` takes the policy as an argument; with ggml's it must give ggml's
+# numbers bit for bit, and the count of ties shows how often the choice matters.
+
+# %%
+show_source(quantize_mx)
+
+# %%
+mx_back = dequantize_mx(*quantize_mx(torch.from_numpy(E_f32)))  # ties to even
+mx_ggml_ties = dequantize_mx(*quantize_mx(torch.from_numpy(E_f32), ties="toward_zero"))
+ggml_mx = gguf.quants.dequantize(gguf.quants.quantize(E_f32, GGMLQuantizationType.MXFP4),
+                                 GGMLQuantizationType.MXFP4)
+print(f"{'code':28s} {'bits/weight':>11s} {'relative RMS error':>19s}")
+for name, bits_, err_ in (("E4M3, one scale per tensor", 8, fp8_error[torch.float8_e4m3fn]),
+                          ("E5M2, one scale per tensor", 8, fp8_error[torch.float8_e5m2]),
+                          ("MXFP4 (E2M1, E8M0 per 32)", 4.25, relative_rmse(mx_back.numpy())),
+                          ("ggml Q4_0 (int4, fp16 per 32)", 4.5, claim_stats["ggml Q4_0"])):
+    print(f"{name:28s} {bits_:11.2f} {err_:19.4f}")
+checks = Checks("MXFP4: the OCP rule against ggml's MXFP4 (gguf.quants)")
+checks.equal("2048 embedding rows, ties toward zero: = ggml, bit for bit", True,
+             bool(np.array_equal(mx_ggml_ties.float().numpy(), ggml_mx)))
+print(f"elements that the tie policy changes: {int((mx_back != mx_ggml_ties).sum()):,} of {mx_back.numel():,}")
+checks.equal("bits per weight: stored_bits_per_weight(4, 32, scale_bits=8, zero_bits=0) = 8 × 17 bytes / 32",
+             8 * block_layout("MXFP4")[1] / block_layout("MXFP4")[0],
+             stored_bits_per_weight(4, 32, scale_bits=8, zero_bits=0))
+checks
+
+# %% [markdown]
+# The FP8 codes need only one scale for a whole tensor, because their relative spacing is
+# the same in every binade: small weights keep their relative precision without a block
+# scale. E4M3, with one more mantissa bit, is about twice as accurate as E5M2, whose extra
+# exponent range these weights do not need (it pays off for gradients, whose range is
+# wider). At 4 bits the power-of-two scale of MXFP4 is coarser than Q4_0's float16 one
+# (the block's largest value lands anywhere in $[4, 8)$ and is rounded to at most 6), and
+# E2M1's levels are spread unevenly: MXFP4 saves a quarter of a bit per weight and pays
+# for it in error. These are measurements on one matrix.
+
+# %% [markdown]
+# ## 15.17 Rotating the outliers away: QuaRot
+#
+# Section 15.13 found channels hundreds of times the median in SmolLM2's linear-layer inputs.
+# Ashkboos et al. (2024, "QuaRot: Outlier-Free 4-Bit Inference in Rotated LLMs") remove them
+# without changing the model: for any orthogonal $Q$, $xW^\top = (xQ)(WQ)^\top$, so a layer may
+# read rotated inputs with rotated weights. With $Q$ a Hadamard matrix divided by $\sqrt n$
+# (entries $\pm 1/\sqrt n$), every rotated coordinate is a signed average of all $n$ inputs:
+# an outlier is shared out among them, and by Cauchy–Schwarz
+# $|(xQ)_j| \le \lVert x \rVert_2$, a bound on the largest coordinate that holds before any
+# measurement. SmolLM2's widths (576, 1536) are not powers of two; the rotation here is
+# block-diagonal with Hadamard blocks of 64 (`scipy.linalg.hadamard` is the peer in the
+# tests), so an outlier is spread over the 64 channels of its block and the bound holds per
+# block. The measure of "outlier-ness" is the kurtosis of a token's values,
+# $\mathbb E[(x-\bar x)^4]/\mathrm{Var}(x)^2$ (3 for a normal distribution), and the test is
+# int4 with one absmax scale per token, the activation quantiser of QuaRot, on the layer's
+# output; the same layers' weights at 4 bits (RTN, groups of 32) are measured too:
+
+# %%
+show_source(hadamard_rotate)
+
+# %%
+print(f"{'input of':16s} {'kurtosis (median token)':>24s} {'max/RMS':>12s} {'layer':>5s} "
+      f"{'int4 activations: error':>24s} {'int4 weights: error':>20s}")
+rotation_rows = {}
+for kind, X_all in inputs.items():  # (30, 256, d_in)
+    Xr_all = hadamard_rotate(X_all, 64)
+    layer = int(outlier_summary[kind]["ratio"].argmax())
+    W_ = model64.blocks[layer].get_submodule(LINEAR_INPUTS[kind]).weight.detach()  # (d_out, d_in)
+    X_, Xr_, Wr_ = X_all[layer], Xr_all[layer], hadamard_rotate(W_, 64)
+    y_ = X_ @ W_.T
+    err_ = {"act": [dequantize(quantize_absmax(a, 4, dim=0)) @ w.T for a, w in ((X_, W_), (Xr_, Wr_))],
+            "w": [a @ quantize_rtn(w, 4, 32).T for a, w in ((X_, W_), (Xr_, Wr_))]}
+    row = {"kurtosis": [float(kurtosis(a).median()) for a in (X_all, Xr_all)],
+           "max/rms": [float((a.abs().amax(-1) / a.pow(2).mean(-1).sqrt()).median()) for a in (X_all, Xr_all)],
+           **{k: [float((v - y_).norm() / y_.norm()) for v in vs] for k, vs in err_.items()},
+           "exact": float((Xr_ @ Wr_.T - y_).norm() / y_.norm()),
+           "bound": bool((Xr_all.reshape(30, 256, -1, 64).abs().amax(-1)
+                          <= X_all.reshape(30, 256, -1, 64).norm(dim=-1) * (1 + 1e-12)).all())}
+    rotation_rows[kind] = row
+    print(f"{kind:16s} {row['kurtosis'][0]:11.1f} -> {row['kurtosis'][1]:5.1f} {row['max/rms'][0]:5.1f} -> "
+          f"{row['max/rms'][1]:4.1f} {layer:5d} {row['act'][0]:13.3f} -> {row['act'][1]:6.3f} "
+          f"{row['w'][0]:11.4f} -> {row['w'][1]:6.4f}")
+checks = Checks("Hadamard rotation of SmolLM2's linear-layer inputs (blocks of 64)")
+for kind, row in rotation_rows.items():
+    checks.true(f"{kind}: (xQ)(WQ)ᵀ = xWᵀ (relative error < 1e-12)", row["exact"] < 1e-12)
+    checks.true(f"{kind}: |(xQ)_j| <= ‖x_block‖ in all 30 layers x 256 tokens", row["bound"])
+    checks.true(f"{kind}: median kurtosis lower after rotation", row["kurtosis"][1] < row["kurtosis"][0],
+                got=f"{row['kurtosis'][0]:.1f} -> {row['kurtosis'][1]:.1f}")
+    checks.true(f"{kind}: int4 per-token activations, output error lower after rotation",
+                row["act"][1] < row["act"][0], got=f"{row['act'][0]:.3f} -> {row['act'][1]:.3f}")
+checks
+
+# %% [markdown]
+# The rotation takes the tokens' kurtosis from well above the normal distribution's 3 down
+# to near it, and the largest value from many times the RMS to a few times. With one int4
+# scale per token, that is what matters: the error of the layer's output falls severalfold
+# for the inputs of the attention, of o_proj and of the MLP, and only a little for
+# down_proj's, whose per-token error was small to begin with. For the weights, which had
+# no outliers, the rotation changes the int4 error by a few per cent either way: it is the
+# activations that the rotation makes quantisable; the weights are rotated only because the
+# product needs the counter-rotation, which is folded into them once, offline. One caveat
+# stays: a block rotation can only spread an outlier over its own block, so a full-width
+# Hadamard (QuaRot builds them for widths that are not a power of two) spreads it further.
+
+# %% [markdown]
+# ## 15.18 LLM.int8(): the outlier columns in float
+#
+# Section 15.4 repaired outliers by smoothing. Dettmers et al. (2022, section 3.2) take a
+# blunter route that needs no calibration: every input channel in which some $|x| \ge 6$ (the
+# paper's threshold) is an *outlier dimension*, and its part of the product,
+# $X_{:,O}W_{:,O}^\top$, is computed in 16-bit floats; the remaining columns are multiplied in
+# int8 with one scale per token and one per output channel, as in section 15.3. Because
+# the outliers sit in a few fixed channels, $O$ is small and almost all of the work stays in
+# int8. On section 15.4's layer the decomposition must find exactly the four planted
+# channels, and the error of its int8 part is predicted from its scales by section 15.3's
+# $\Delta^2/12$ rule (the check allows the same 15 %, fixed before the run):
+
+# %%
+show_source(int8_matmul_decomposed)
+
+# %%
+y_dec, outlier_cols = int8_matmul_decomposed(X, W)
+keep_cols = ~outlier_cols
+xs_q, ws_q = quantize_absmax(X[:, keep_cols], 8, dim=0), quantize_absmax(W[:, keep_cols], 8, dim=0)
+int8_part_predicted = math.sqrt(float((xs_q.scale**2).sum() / 12 * (W[:, keep_cols] ** 2).sum()
+                                      + (ws_q.scale**2).sum() / 12 * (X[:, keep_cols] ** 2).sum()))
+err_dec = float((y_dec - y_ref).norm() / y_ref.norm())
+print(f"outlier columns: {outlier_cols.nonzero().flatten().tolist()} of {X.shape[1]}; output error: "
+      f"LLM.int8() {err_dec:.2e}, per-token W8A8 {results['per token'][1]:.2e}, "
+      f"smoothed {results['smoothed, per token'][1]:.2e}")
+checks = Checks("LLM.int8() on section 15.4's outlier layer")
+checks.equal("outlier columns = the four planted ones", [0, 1, 2, 3], outlier_cols.nonzero().flatten().tolist())
+checks.close("int8 part's error: measured / predicted from Δ²/12", 1.0,
+             float((y_dec - y_ref).norm()) / int8_part_predicted, tol=0.15)
+checks.true("error below per-token W8A8's", err_dec < results["per token"][1],
+            got=f"{err_dec:.1e} vs {results['per token'][1]:.1e}")
+checks
+
+# %% [markdown]
+# On the real model the rule is a measurement rather than a design: how many of SmolLM2's
+# input channels cross the threshold of 6, on the first 256 held-out tokens, in the layer
+# with the most extreme outliers of each kind, and what the decomposition buys there over
+# plain per-token int8:
+
+# %%
+print(f"{'input of':16s} {'layer':>5s} {'outlier columns':>16s} {'W8A8 error':>11s} {'LLM.int8() error':>17s}")
+for kind, X_all in inputs.items():
+    layer = int(outlier_summary[kind]["ratio"].argmax())
+    W_ = model64.blocks[layer].get_submodule(LINEAR_INPUTS[kind]).weight.detach()
+    X_ = X_all[layer]
+    y_ = X_ @ W_.T
+    y8 = int8_matmul(quantize_absmax(X_, 8, dim=0), quantize_absmax(W_, 8, dim=0))
+    y_d, cols = int8_matmul_decomposed(X_, W_)
+    print(f"{kind:16s} {layer:5d} {int(cols.sum()):9d} of {X_.shape[1]:4d} "
+          f"{float((y8 - y_).norm() / y_.norm()):11.2e} {float((y_d - y_).norm() / y_.norm()):17.2e}")
+
+# %% [markdown]
+# In a model of 135 million parameters only a few channels cross the threshold, and where
+# they do, keeping them in float cuts the int8 error of that layer's output; where none do,
+# the decomposition is plain int8. Dettmers et al. found the outlier dimensions growing in
+# size and number with the model, to the point where, beyond about 6.7 billion parameters,
+# plain int8 inference breaks down and the decomposition is what keeps it working.
 
 # %% [markdown]
 # ## Summary
@@ -1427,10 +1796,23 @@ checks
 #   perplexity and AWQ, which scales the channels with large activations, about a tenth;
 #   keeping the embedding (also the output layer) at 8 bits matters.
 # * The real model's linear-layer inputs have outlier channels, thousands of times the
-#   median in the worst layer; AWQ's per-input scales grow on exactly those channels.
+#   median in the worst layer, where one token (the first) carries them; AWQ's scales
+#   searched on that token fit it and lose on other tokens.
 # * A SIMD instruction processes 4, 8 or 16 float32 numbers, by the register width
 #   (claim C6: true only on AVX2 or wider), and a memory-bound kernel gains less.
 # * PyTorch's int4 kernel runs the file's own Q4_1 codes within bfloat16 precision.
+# * Weight-only kernels make a memory-bound matrix-vector product faster in the order of
+#   the bytes they read, a claim made here only where the repeated measurements' ranges do
+#   not overlap.
+# * Floating-point codes space their levels by a constant relative step $2^{-M}$: E4M3
+#   (largest value 448) and E5M2 (57344) follow from their exponent and mantissa bits and
+#   round exactly as torch's casts; MXFP4 shares a power-of-two scale per 32 E2M1 elements
+#   (4.25 bits per weight) and equals ggml's encoder once its tie rule is adopted.
+# * An orthogonal rotation leaves a layer's output unchanged; a Hadamard one bounds every
+#   rotated value by the norm of its block, brings SmolLM2's heavy-tailed activations close
+#   to normal and cuts their per-token int4 error, while the weights gain little.
+# * LLM.int8() computes the few input channels with $|x| \ge 6$ in float and the rest in int8:
+#   it finds planted outliers exactly, and the error of its int8 part follows $\Delta^2/12$.
 #
 # ## Exercises
 #
@@ -1453,3 +1835,8 @@ checks
 #    $H_{jj}$ (permute, run `gptq_quantize`, permute back), and show on inputs whose channel
 #    scales span a factor of 30 that it beats the natural order. Why does it help to round the
 #    columns with the largest inputs first?
+# 5. (★★) **NVFP4.** NVIDIA's 4-bit format keeps MXFP4's E2M1 elements but gives every block
+#    of 16 a scale stored in E4M3, which need not be a power of two:
+#    $s = \mathrm{E4M3}(\max|x|/6)$. Write `quantize_nvfp4(x)` with `round_to_float` (it returns
+#    the dequantised tensor) and compare its error with MXFP4's on Gaussian data. How many bits
+#    per weight does each store, and where does NVFP4's lower error come from?

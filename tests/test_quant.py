@@ -16,6 +16,7 @@ from llmbook.inference.quant import (
     dequantize,
     fake_quantize,
     int8_matmul,
+    int8_matmul_decomposed,
     nf4_levels,
     nf4_offset,
     quantize_absmax,
@@ -282,6 +283,30 @@ def test_stored_bits_per_weight_worked_examples():
             stored_bits_per_weight(**bad)
 
 
+def test_stored_bits_zero_bits_equals_ggml_block_sizes():
+    """zero_bits=0 (symmetric, fp16 scale) and 16 (fp16 minimum) give the sizes that ggml's own
+    package publishes for its 32-weight blocks: Q4_0/Q5_0/Q8_0 and Q4_1/Q5_1 (ggml-common.h)."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    for name, bits, zero_bits in (("Q4_0", 4, 0), ("Q5_0", 5, 0), ("Q8_0", 8, 0),
+                                  ("Q4_1", 4, 16), ("Q5_1", 5, 16)):
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+        assert stored_bits_per_weight(bits, block, zero_bits=zero_bits) * block / 8 == size, name
+    assert stored_bits_per_weight(4, 32, zero_bits=None) == stored_bits_per_weight(4, 32)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="zero_bits"):
+            stored_bits_per_weight(4, 32, zero_bits=bad)
+
+
+@given(bits=st.integers(2, 8), group=st.integers(1, 64), rows=st.integers(1, 5))
+@settings(max_examples=30, deadline=None)
+def test_stored_bits_counts_the_tensors_a_quantiser_returns(bits, group, rows):
+    """Counting the elements of q, scale and zero that quantize_zeropoint stores gives the formula."""
+    qt = quantize_zeropoint(torch.randn(rows, 2 * group, dtype=torch.float64), bits, group_size=group)
+    counted = (bits * qt.q.numel() + 16 * qt.scale.numel() + bits * qt.zero.numel()) / qt.q.numel()
+    assert counted == pytest.approx(stored_bits_per_weight(bits, group), rel=1e-12)
+
+
 def test_stored_bits_agrees_with_model_memory_bytes():
     """The per-weight accounting of the roofline is the one of model_memory_bytes."""
     from llmbook.inference.gptq import model_memory_bytes
@@ -307,3 +332,44 @@ def test_roofline_worked_example_and_regimes():
         roofline(1.0, 1.0, 1.0, 0.0)
     with pytest.raises(ValueError, match="flops"):
         roofline(True, 1.0, 1.0, 1.0)
+
+
+# ---------------------------------------------------------------- LLM.int8() decomposition
+
+
+def test_int8_decomposed_worked_example_and_limits():
+    x = torch.tensor([[1.0, 10.0, 0.5], [2.0, -1.0, 0.25]], dtype=torch.float64)  # (M, K) = (2, 3)
+    w = torch.tensor([[0.5, 1.0, -1.0], [0.25, 2.0, 1.0], [1.0, 0.0, 0.5], [-2.0, 1.0, 1.0]],
+                     dtype=torch.float64)  # (N, K) = (4, 3)
+    y, outlier = int8_matmul_decomposed(x, w, threshold=6.0)
+    assert outlier.tolist() == [False, True, False]
+    keep = torch.tensor([0, 2])
+    xs, ws = quantize_absmax(x[:, keep], 8, dim=0), quantize_absmax(w[:, keep], 8, dim=0)
+    expected = x[:, 1:2] @ w[:, 1:2].T + dequantize(xs) @ dequantize(ws).T
+    torch.testing.assert_close(y, expected, rtol=1e-12, atol=1e-12)
+    # limits: no outlier column is plain W8A8; threshold 0 computes everything in float
+    plain = int8_matmul(quantize_absmax(x, 8, dim=0), quantize_absmax(w, 8, dim=0))
+    torch.testing.assert_close(int8_matmul_decomposed(x, w, float("inf"))[0], plain, rtol=0, atol=1e-12)
+    assert torch.equal(int8_matmul_decomposed(x, w, 0.0)[0], x @ w.T)
+
+
+def test_int8_decomposed_repairs_outlier_columns():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 48, generator=g, dtype=torch.float64)
+    x[:, 3] *= 60  # one outlier feature, in every token
+    w = torch.randn(20, 48, generator=g, dtype=torch.float64) / 7
+    ref = x @ w.T
+    plain = int8_matmul(quantize_absmax(x, 8, dim=0), quantize_absmax(w, 8, dim=0))
+    y, outlier = int8_matmul_decomposed(x, w)
+    assert outlier.nonzero().flatten().tolist() == [3]
+    assert (y - ref).norm() < 0.2 * (plain - ref).norm()
+
+
+def test_int8_decomposed_bad_input():
+    x, w = torch.ones(2, 3), torch.ones(4, 3)
+    with pytest.raises(ValueError, match="inner"):
+        int8_matmul_decomposed(x, torch.ones(4, 5))
+    with pytest.raises(ValueError, match="threshold"):
+        int8_matmul_decomposed(x, w, -1.0)
+    with pytest.raises(ValueError, match="x must"):
+        int8_matmul_decomposed(torch.ones(3), w)

@@ -56,3 +56,21 @@ def test_exercise_4_act_order():
     torch.testing.assert_close(Q[:, perm], gptq_quantize(W[:, perm], H[perm][:, perm], 3)[0])
     plain = layer_output_error(W, gptq_quantize(W, H, 3)[0], X)
     assert layer_output_error(W, Q, X) < plain
+
+
+def test_exercise_5_nvfp4():
+    from llmbook.inference.minifloat import E2M1, E4M3, float_grid, round_to_float
+
+    x = torch.tensor([[3.0, -0.5, 0.2, 1.0] + [0.0] * 12], dtype=f64)
+    # s = E4M3(3 / 6) = 0.5: x / s = 6, -1, 0.4 -> 0.5, 2 on E2M1's grid
+    assert solutions.quantize_nvfp4(x)[0, :4].tolist() == [3.0, -0.5, 0.25, 1.0]
+    assert solutions.quantize_nvfp4(torch.zeros(2, 32, dtype=f64)).abs().sum() == 0
+    g = torch.Generator().manual_seed(3)
+    y = torch.randn(8, 64, generator=g, dtype=f64)
+    back = solutions.quantize_nvfp4(y).reshape(8, 4, 16)  # every element: an E4M3 scale x E2M1
+    s = round_to_float(y.reshape(8, 4, 16).abs().amax(-1, keepdim=True) / 6, E4M3)
+    assert torch.isin(s.abs().reshape(-1), float_grid(E4M3)).all()
+    assert torch.isin((back / s).abs().reshape(-1), float_grid(E2M1)).all()
+    r = solutions.nvfp4_vs_mxfp4()
+    assert r["nvfp4"] < 0.9 * r["mxfp4"]
+    assert (r["nvfp4_bits"], r["mxfp4_bits"]) == (4.5, 4.25)

@@ -16,7 +16,8 @@ error |e| <= Δ/2 for every value inside the range, and for values spread evenly
 a mean squared error of Δ²/12.
 
 Also here: :func:`int8_matmul` (integer products accumulated in int32, as integer matrix
-units do), :func:`accumulator_overflow_length`, :class:`QuantLinear` (a linear layer with
+units do), :func:`int8_matmul_decomposed` (LLM.int8()'s outlier columns in float),
+:func:`accumulator_overflow_length`, :class:`QuantLinear` (a linear layer with
 quantised weights and optionally int8 activations), :func:`nf4_levels`, the 4-bit
 NormalFloat code book of Dettmers et al. (2023, "QLoRA: Efficient Finetuning of Quantized
 LLMs"), and the roofline of weight-only quantised decoding: :func:`stored_bits_per_weight`
@@ -38,6 +39,7 @@ __all__ = [
     "dequantize",
     "fake_quantize",
     "int8_matmul",
+    "int8_matmul_decomposed",
     "nf4_levels",
     "nf4_offset",
     "quantize_absmax",
@@ -230,6 +232,33 @@ def int8_matmul(a_q: QuantizedTensor, b_q: QuantizedTensor, acc_bits: int = 32) 
     return acc.to(sa.dtype) * sa * sb  # (M, N)
 
 
+def int8_matmul_decomposed(x: Tensor, w: Tensor, threshold: float = 6.0) -> tuple[Tensor, Tensor]:
+    """LLM.int8()'s mixed-precision decomposition (Dettmers et al., 2022, section 3.2).
+
+    ``x`` (M, K) activations, ``w`` (N, K) weights. The input channels (columns of x) in
+    which any |x| >= ``threshold`` are the outlier dimensions O; their part of the product,
+    x[:, O] w[:, O]^T, is computed in float (16-bit in the paper), and the rest with int8
+    vector-wise quantisation: absmax per row of x[:, ~O] (per token) and per row of w[:, ~O]
+    (per output channel), summed in int32 (:func:`int8_matmul`). Returns (y (M, N) float,
+    the boolean mask O (K,)). ``threshold=inf`` is plain W8A8; ``threshold=0`` all float.
+    Introduced in notebooks/15_quantisation (section 15.18).
+    """
+    for name, t in (("x", x), ("w", w)):
+        if not isinstance(t, Tensor) or not t.is_floating_point() or t.ndim != 2:
+            raise ValueError(f"{name} must be a 2-D floating tensor, got "
+                             f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"inner dimensions differ: x {tuple(x.shape)}, w {tuple(w.shape)}")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
+        raise ValueError(f"threshold must be a number >= 0, got {threshold!r}")
+    outlier = (x.abs() >= threshold).any(0)  # (K,)
+    y = x[:, outlier] @ w[:, outlier].T  # (M, N): the float part
+    if bool((~outlier).any()):
+        xs, ws = x[:, ~outlier], w[:, ~outlier]
+        y = y + int8_matmul(quantize_absmax(xs, 8, dim=0), quantize_absmax(ws, 8, dim=0)).to(y.dtype)
+    return y, outlier
+
+
 class QuantLinear(nn.Module):
     """A linear layer y = x Wᵀ + b whose weight is stored quantised.
 
@@ -322,16 +351,23 @@ def quantize_nf4(x: Tensor, group_size: int = 64) -> Tensor:
 
 
 def stored_bits_per_weight(bits: int | None, group_size: int | None = None,
-                           scale_bits: int = 16) -> float:
+                           scale_bits: int = 16, zero_bits: int | None = None) -> float:
     """Bits stored (and read) per weight: b for the code plus, per group of ``group_size``
-    weights, a ``scale_bits`` scale and a b-bit zero point: b + (scale_bits + b) / g.
+    weights, a ``scale_bits`` scale and a ``zero_bits`` zero point (or minimum):
+    b + (scale_bits + zero_bits) / g.
 
-    ``bits=None`` is an unquantised weight of ``scale_bits`` bits (16: float16/bfloat16);
-    ``group_size=None`` leaves out the per-row scale (one per d_in weights, negligible).
-    The same accounting as :func:`llmbook.inference.gptq.model_memory_bytes`.
+    ``zero_bits=None`` is a b-bit zero point (the book's zero-point codes, section 15.1);
+    ``zero_bits=0`` a symmetric code (ggml's Q4_0, Q8_0); ``zero_bits=16`` a float16 minimum
+    (ggml's Q4_1). ``bits=None`` is an unquantised weight of ``scale_bits`` bits (16:
+    float16/bfloat16); ``group_size=None`` leaves out the per-row scale (one per d_in weights,
+    negligible). The same accounting as :func:`llmbook.inference.gptq.model_memory_bytes`.
+    Introduced in notebooks/15_quantisation (section 15.9).
     """
     if isinstance(scale_bits, bool) or not isinstance(scale_bits, int) or scale_bits <= 0:
         raise ValueError(f"scale_bits must be a positive int, got {scale_bits!r}")
+    if zero_bits is not None and (isinstance(zero_bits, bool) or not isinstance(zero_bits, int)
+                                  or zero_bits < 0):
+        raise ValueError(f"zero_bits must be None or a non-negative int, got {zero_bits!r}")
     if bits is None:
         return float(scale_bits)
     if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 16:
@@ -340,7 +376,7 @@ def stored_bits_per_weight(bits: int | None, group_size: int | None = None,
         return float(bits)
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
         raise ValueError(f"group_size must be None or a positive int, got {group_size!r}")
-    return bits + (scale_bits + bits) / group_size
+    return bits + (scale_bits + (bits if zero_bits is None else zero_bits)) / group_size
 
 
 def roofline(flops: float, bytes_moved: float, peak_flops: float,

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from llmbook.inference.gptq import gptq_quantize
+from llmbook.inference.minifloat import E2M1, E4M3, dequantize_mx, quantize_mx, round_to_float
 from llmbook.inference.quant import dequantize, fake_quantize, quantize_absmax, quantize_nf4
 
 f64 = torch.float64
@@ -98,6 +99,34 @@ def gptq_act_order(W: Tensor, H: Tensor, bits: int, damp: float = 0.01) -> Tenso
     inv = torch.argsort(perm)
     Q, _ = gptq_quantize(W[:, perm], H[perm][:, perm], bits, None, damp=damp)
     return Q[:, inv]
+
+
+# ---------------------------------------------------------------- exercise 5
+
+
+def quantize_nvfp4(x: Tensor, block_size: int = 16) -> Tensor:
+    """E2M1 elements in blocks of ``block_size`` with one E4M3 scale each (fake-quantised).
+
+    s = round_to_float(max|x_block| / 6, E4M3) so that the block's largest value lands near
+    E2M1's largest level 6; elements round_to_float(x / s, E2M1) with saturation. x (..., K),
+    K a multiple of ``block_size``; returns the dequantised tensor, float64, x's shape.
+    """
+    blocks = x.double().reshape(*x.shape[:-1], -1, block_size)  # (..., K / B, B)
+    s = round_to_float(blocks.abs().amax(-1, keepdim=True) / E2M1.max_value, E4M3)
+    s = torch.where(s > 0, s, torch.ones_like(s))  # an all-zero block (or one below E4M3's range)
+    return (round_to_float(blocks / s, E2M1) * s).reshape(x.shape)
+
+
+def nvfp4_vs_mxfp4(n_rows: int = 512, seed: int = 0) -> dict[str, float]:
+    """Relative RMS error of NVFP4 (blocks of 16, E4M3 scales: 4.5 bits per weight) and
+    MXFP4 (blocks of 32, power-of-two scales: 4.25 bits) on standard normal data."""
+    x = torch.randn(n_rows, 256, generator=torch.Generator().manual_seed(seed), dtype=f64)
+
+    def rel(back: Tensor) -> float:
+        return float((back - x).norm() / x.norm())
+
+    return {"nvfp4": rel(quantize_nvfp4(x)), "mxfp4": rel(dequantize_mx(*quantize_mx(x))),
+            "nvfp4_bits": 4 + 8 / 16, "mxfp4_bits": 4 + 8 / 32}
 
 
 if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
