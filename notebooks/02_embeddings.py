@@ -16,8 +16,11 @@
 # 4. random vectors in high dimension are nearly orthogonal: the cosine of two of them has
 #    mean $0$ and variance exactly $1/d$.
 #
-# It ends by counting how many parameters embeddings take in GPT-2 and in a Llama-sized model.
-# The examples use a toy vocabulary, so the chapter does not depend on the tokenizer of chapter 1.
+# It then counts how many parameters embeddings take in GPT-2 and in a Llama-sized model, and
+# ends with two facts about real embeddings: why Gemma scales its tied embedding by $\sqrt d$,
+# and how far the trained embedding of the book's real model, SmolLM2, is from isotropic. The
+# other examples use a toy vocabulary, so the chapter does not depend on the tokenizer of
+# chapter 1.
 
 # %%
 import math
@@ -476,11 +479,17 @@ class_cos = {(a, b): C[members[a]][:, members[b]].mean().item()
              for ai, a in enumerate(classes) for b in list(classes)[ai + 1:]}
 closest_pair = max(class_cos, key=class_cos.get)
 print("closest pair of classes:", closest_pair, f"mean cosine {class_cos[closest_pair]:.2f}")
+# the prediction, made from the data alone before any training: the two classes whose
+# next-token distributions overlap most (mean cosine between rows of P_next)
+P_cos = pairwise_cosine(P_next)
+law_cos = {pair: P_cos[members[pair[0]]][:, members[pair[1]]].mean().item() for pair in class_cos}
+predicted_pair = max(law_cos, key=law_cos.get)
+print("next-token laws: closest pair", predicted_pair, f"cosine {law_cos[predicted_pair]:.4f}; "
+      f"all other pairs {max(v for k, v in law_cos.items() if k != predicted_pair):.4f}")
 checks = Checks("trained toy embeddings")
-within_min, margin = C[same].min().item(), (C[same].mean() - C[other].mean()).item()
-checks.true("lowest within-class cosine > 0.8", within_min > 0.8, got=f"{within_min:.2f}")
-checks.true("within-class mean - across-class mean > 0.5", margin > 0.5, got=f"{margin:.2f}")
-checks.equal("closest pair of classes", ("DET", "ADJ"), closest_pair)
+checks.true("lowest within-class cosine > highest across-class cosine", C[same].min() > C[other].max(),
+            got=f"{C[same].min().item():.2f} vs {C[other].max().item():.2f}")
+checks.equal("closest pair of classes == closest pair of next-token laws", predicted_pair, closest_pair)
 checks
 
 # %% [markdown]
@@ -505,9 +514,12 @@ plt.show()
 
 # %% [markdown]
 # The words gather by class: the model was never told the classes, only which words follow
-# which, and words that can replace one another get nearly the same vector. Of the
-# different classes, determiners and adjectives are the closest pair (checked above): both
-# can be followed by a noun, so their next-token distributions overlap.
+# which, and words that can replace one another get nearly the same vector (every cosine
+# within a class exceeds every cosine across classes, checked above). Of the different
+# classes, determiners and adjectives are the closest pair, as predicted from the data
+# before training: both can be followed by a noun, so theirs are the only two next-token
+# distributions that overlap (cosine $1/\sqrt{2}$; every other pair of classes has
+# disjoint successors, cosine 0).
 
 # %% [markdown]
 # ## 2.6 Parameter counts
@@ -574,7 +586,119 @@ print(f"Llama-2-7B shape: {llama_total:,} parameters, of which embedding + head 
 # table, and tying the head is what keeps it from being half. At 7 billion parameters the
 # untied embedding and head together are under 4%; the transformer blocks, whose size grows
 # as $d^2$ per layer while the embeddings grow only as $V d$, have taken over.
+
+# %% [markdown]
+# ## 2.7 Real embeddings: the $\sqrt{d}$ scale and anisotropy
 #
+# ### Why Gemma multiplies its embeddings by $\sqrt{d}$
+#
+# A tied matrix $E$ serves two masters. As the output layer it meets the final hidden state
+# $h$, which a normalisation layer (chapter 6) leaves with entries of mean square about 1; if
+# the entries of $E$ are independent with variance $\sigma^2$, the logit $z_v = h \cdot E_{v,:}$
+# has variance $d\sigma^2$, and unit-variance logits at initialisation need
+# $\sigma = 1/\sqrt{d}$. As the input layer it feeds the residual stream, whose blocks are built
+# for inputs of root-mean-square (RMS) about 1; but a row of that $E$ has RMS
+# $\sigma = 1/\sqrt{d}$. Multiplying the looked-up rows, and only those, by $s = \sqrt{d}$
+# reconciles the two. Gemma 2 (Riviere et al., 2024) does this: its `transformers` module
+# `Gemma2TextScaledWordEmbedding` multiplies the rows by `hidden_size**0.5`, and
+# `TokenEmbedding(..., scale=...)` does the same here. The two conditions are one way to see
+# why the factor is $\sqrt{d}$; SymPy solves them:
+
+# %%
+sigma, s_scale, d_sym = sp.symbols("sigma s d", positive=True)
+sigma_out = sp.solve(sp.Eq(d_sym * sigma**2, 1), sigma)[0]  # Var(z) = d sigma^2 = 1
+s_in = sp.solve(sp.Eq(s_scale * sigma_out, 1), s_scale)[0]  # RMS of s E_v = s sigma = 1
+display(sp.Eq(sp.Symbol(r"\sigma"), sigma_out), sp.Eq(sp.Symbol("s"), s_in))
+
+# %% [markdown]
+# The check builds a tied model both ways at $d = 2304$ (Gemma 2 2B's width) with
+# $\sigma = 1/\sqrt{d}$, against `transformers`' module given the same matrix: the scaled
+# lookup must equal it, the logits of a unit-RMS $h$ must have variance near 1 and the inputs
+# RMS near 1, and without the scale the inputs have RMS near $1/\sqrt{d} = 0.021$. The
+# tolerances are four standard errors of each estimate, fixed by the sample sizes before the
+# run (the variance of a sample variance of $n$ Gaussian values is $2/(n-1)$ in units of the
+# variance squared; the mean square of $n$ values has relative standard error $\sqrt{2/n}$).
+
+# %%
+from transformers.models.gemma2.modeling_gemma2 import Gemma2TextScaledWordEmbedding
+
+d_g, V_g = 2304, 1000
+scaled = TokenEmbedding(V_g, d_g, std=1 / math.sqrt(d_g), generator=g, scale=float(s_in.subs(d_sym, d_g)))
+plain = TokenEmbedding(V_g, d_g, std=1 / math.sqrt(d_g))
+with torch.no_grad():
+    plain.weight.copy_(scaled.weight)
+gemma_peer = Gemma2TextScaledWordEmbedding(V_g, d_g, padding_idx=0, embed_scale=d_g**0.5)
+gemma_peer.weight.data.copy_(scaled.weight.data)
+ids_g = torch.randint(0, V_g, (4, 64), generator=g)  # (B, T)
+h_g = F.rms_norm(torch.randn(4, 64, d_g, generator=g), (d_g,))  # (B, T, d), mean square 1
+z_g = scaled.logits(h_g)  # (B, T, V)
+x_scaled, x_plain = scaled(ids_g), plain(ids_g)  # (B, T, d)
+n_z, n_x = z_g.numel(), x_scaled.numel()
+print(f"logit variance {z_g.var().item():.4f} (n = {n_z:,}); input RMS with the scale "
+      f"{x_scaled.pow(2).mean().sqrt().item():.4f}, without {x_plain.pow(2).mean().sqrt().item():.4f}")
+scale_checks = Checks("the sqrt(d) embedding scale, d = 2304, sigma = 1/sqrt(d)")
+scale_checks.close("scaled lookup vs transformers' Gemma2TextScaledWordEmbedding", gemma_peer(ids_g),
+                   x_scaled, tol=0)
+scale_checks.close("Var(z) vs 1 (4 s.e.)", 1.0, z_g.var(), tol=4 * math.sqrt(2 / (n_z - 1)))
+scale_checks.close("mean square of the scaled inputs vs 1 (4 s.e.)", 1.0, x_scaled.pow(2).mean(),
+                   tol=4 * math.sqrt(2 / n_x))
+scale_checks.close("mean square without the scale vs 1/d (4 s.e.)", 1 / d_g, x_plain.pow(2).mean(),
+                   tol=4 * math.sqrt(2 / n_x) / d_g)
+scale_checks
+
+# %% [markdown]
+# (The draws are not all independent: positions can share a row, and the logits of one
+# position share $h$, which is why the checks allow four standard errors rather than two.)
+#
+# ### Anisotropy: the embeddings of a trained model share a direction
+#
+# Section 2.5 showed that random vectors are nearly orthogonal: the cosine of two of them has
+# mean 0 and standard deviation $1/\sqrt{d}$. Trained embedding matrices are known not to look
+# like that: their rows crowd into a narrow cone, so that unrelated tokens have clearly
+# positive cosines (the "representation degeneration" of tied output embeddings described by
+# Gao et al., 2019). We measure it on the book's real model, SmolLM2-135M ($d = 576$, tied), on 2,000
+# random tokens, and again after subtracting the mean row of the whole matrix, the one
+# direction they all share.
+
+# %%
+from llmbook.inference.ggml_quants import dequantize
+from llmbook.inference.gguf import smollm2_path
+from llmbook.inference.gguf_file import read_gguf
+
+embd = read_gguf(smollm2_path()).tensors["token_embd.weight"]
+E_real = torch.from_numpy(np.ascontiguousarray(dequantize(embd.data, embd.qtype, embd.shape))).double()
+V_r, d_r = E_real.shape
+sample = torch.randperm(V_r, generator=g)[:2000]
+upper_r = torch.triu_indices(2000, 2000, offset=1)
+cos_raw = pairwise_cosine(E_real[sample])[upper_r[0], upper_r[1]]  # (1999000,)
+mean_row = E_real.mean(0)  # (d,)
+cos_centred = pairwise_cosine(E_real[sample] - mean_row)[upper_r[0], upper_r[1]]
+share = (E_real[sample] @ mean_row / mean_row.norm()).pow(2).sum() / E_real[sample].pow(2).sum()
+print(f"SmolLM2, d = {d_r}, {len(sample):,} random tokens: isotropic expectation 0 +- {1 / math.sqrt(d_r):.4f}")
+print(f"  raw rows:        mean cosine {cos_raw.mean().item():.4f}, standard deviation {cos_raw.std().item():.4f}")
+print(f"  minus mean row:  mean cosine {cos_centred.mean().item():.4f}, standard deviation "
+      f"{cos_centred.std().item():.4f}")
+print(f"  share of the rows' squared length along the mean direction: {share.item():.3f} "
+      f"(isotropic: 1/d = {1 / d_r:.4f})")
+aniso_checks = Checks("anisotropy of SmolLM2's embedding")
+aniso_checks.close("pairwise_cosine vs F.cosine_similarity (200 rows)",
+                   F.cosine_similarity(E_real[sample[:200], None], E_real[None, sample[:200]], dim=-1),
+                   pairwise_cosine(E_real[sample[:200]]), tol=1e-12)
+# isotropic rows: each cosine has mean 0 and standard deviation 1/sqrt(d), so their mean, however
+# dependent, has standard deviation at most 1/sqrt(d); above 4/sqrt(d) has probability < 1/16
+aniso_checks.true("raw mean cosine > 4/sqrt(d): not isotropic", cos_raw.mean().item() > 4 / math.sqrt(d_r),
+                  got=f"{cos_raw.mean().item():.4f} vs {4 / math.sqrt(d_r):.4f}")
+aniso_checks
+
+# %% [markdown]
+# The raw rows have a mean cosine above 0.4, ten times the spread that isotropic vectors would
+# show, and about half of their squared length lies along one direction, the mean row. Removing that single direction brings the mean cosine to about zero, though the
+# spread stays wider than $1/\sqrt{d}$: the rest of the geometry is not isotropic either, but
+# most of what made every token look similar to every other was one shared offset. This is
+# why similarity searches over embeddings usually centre them first, and why the cosine of
+# two raw embeddings says less about the two tokens than it seems to.
+
+# %% [markdown]
 # ## Summary
 #
 # * $e_i^\top E = E_{i,:}$: the embedding layer is the linear map $X \mapsto XE$ on one-hot
@@ -585,6 +709,12 @@ print(f"Llama-2-7B shape: {llama_total:,} parameters, of which embedding + head 
 #   both uses' gradients.
 # * Random embeddings are nearly orthogonal, $\cos \sim \pm 1/\sqrt d$ with
 #   $\mathbb{E}[\cos^2] = 1/d$ exactly; training makes interchangeable tokens close.
+# * A tied matrix initialised for unit-variance logits ($\sigma = 1/\sqrt d$) gives inputs of
+#   RMS $1/\sqrt d$; Gemma's $\sqrt d$ factor on the lookup restores RMS 1 (equal to
+#   `transformers`' module).
+# * A trained embedding is anisotropic: SmolLM2's rows have a mean cosine above 0.4, and about
+#   half of their squared length lies along their mean; removing that one direction brings the
+#   mean cosine to about zero.
 #
 # ## Exercises
 #
@@ -610,3 +740,8 @@ print(f"Llama-2-7B shape: {llama_total:,} parameters, of which embedding + head 
 #    $\partial L / \partial E$ without autograd and check it against autograd in float64.
 #    Hint: the chain rule through $\tanh$ ($\tanh' = 1 - \tanh^2$), and the two uses of the
 #    tied matrix add (section 2.4).
+# 5. (★★) **All but the top.** Write `remove_top_directions(E, k)` that centres the rows of
+#    $E$ and projects out the $k$ leading principal directions of the centred rows (the first
+#    $k$ right singular vectors). Check that the squared length removed equals the sum of the
+#    $k$ largest eigenvalues of the centred rows' scatter matrix, then measure on SmolLM2's
+#    sample of section 2.7 how the mean cosine and its spread change for $k = 0, 1, 2, 5, 10$.

@@ -226,7 +226,14 @@ print("d softmax(z) / dz = diag(p) - p p^T for all 16 entries (V = 4)")
 #   under $p$, never negative. So the loss is convex in the logits, flat only along
 #   $\mathbf{1}$;
 # * at a one-hot $p$ (a **saturated** softmax) every entry $p_i(\delta_{ij} - p_j)$ is
-#   zero: no gradient passes back through it, whatever the loss.
+#   zero: no gradient passes back *through the softmax*. A loss that sees only the
+#   probabilities, $L(p)$, has $\partial L / \partial z = J^\top \partial L / \partial p$,
+#   which vanishes whatever $\partial L / \partial p$ is (the squared error
+#   $\lVert p - \mathbf{y} \rVert^2$, for example, even when the saturated class is the
+#   wrong one). The cross-entropy computed from the logits is different: its gradient is
+#   $p - \mathbf{y}$ directly, and $\log p_y$ keeps a gradient where $p_y$ has underflowed.
+#   It vanishes only when the saturated class *is* the target; when it is not, the gradient
+#   is $+1$ on the saturated logit and $-1$ on the target's, as large as it ever gets.
 
 # %%
 z_vec = torch.randn(7, generator=gen, dtype=torch.float64)  # V = 7
@@ -245,9 +252,50 @@ v_rand = torch.randn(7, generator=gen, dtype=torch.float64)
 variance_under_p = (p_z * v_rand**2).sum() - (p_z * v_rand).sum() ** 2  # Var_p(v) >= 0
 jac_checks.close("v^T J v vs variance of v under p", variance_under_p, v_rand @ J_auto @ v_rand, tol=1e-15)
 jac_checks.close("smallest eigenvalue (direction 1)", 0.0, torch.linalg.eigvalsh(J_auto).min(), tol=1e-15)
-jac_checks.true("max |J| at logits (40, 0, ..., 0) < 1e-16", J_sat.abs().max() < 1e-16,
-                got=f"{J_sat.abs().max().item():.1e}")
+jac_checks.close("J at logits (40, 0, ..., 0): max |J| vs 6 e^-40 bound", 0.0, J_sat.abs().max(),
+                 tol=6 * math.exp(-40))  # |J_ij| <= max(p_i (1 - p_i), p_i p_j) <= 1 - p_1 < 6 e^-40
 jac_checks
+
+# %% [markdown]
+# The last bullet, on the saturated logits $z = (40, 0, \dots, 0)$, for three losses. Autograd
+# differentiates each through the package's functions; the expected gradients are closed
+# forms computed separately. For the squared error of the probabilities, with the target on
+# class 2, it is $J^\top \cdot 2(p - \mathbf{y})$, and since $|p_j - y_j| \le 1$ each entry is
+# at most $2 \sum_j |J_{ij}| = 4 p_i (1 - p_i) < 24 e^{-40}$: no signal, although the
+# prediction is wrong. For the cross-entropy from the logits it is $p - \mathbf{y}$: about
+# $e^{-40}$ when the target is the saturated class 1, and $(1, -1, 0, \dots)$ up to
+# $e^{-40}$ when it is class 2. `F.cross_entropy` is the peer for the last one.
+
+# %%
+z_sat = torch.tensor([40.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+
+
+def grad_of(loss_fn):
+    """Autograd's d loss / d z at z_sat."""
+    zz = z_sat.clone().requires_grad_(True)
+    return torch.autograd.grad(loss_fn(zz), zz)[0]
+
+
+y_wrong, y_right = F.one_hot(torch.tensor(1), 7).double(), F.one_hot(torch.tensor(0), 7).double()
+g_mse = grad_of(lambda t: ((softmax(t) - y_wrong) ** 2).sum())  # a loss of p; wrong class saturated
+g_ce_right = grad_of(lambda t: cross_entropy(t[None], torch.tensor([0])))
+g_ce_wrong = grad_of(lambda t: cross_entropy(t[None], torch.tensor([1])))
+g_ce_peer = grad_of(lambda t: F.cross_entropy(t[None], torch.tensor([1])))
+for name, g in [("squared error of p, target 2", g_mse), ("cross-entropy, target 1 (saturated)", g_ce_right),
+                ("cross-entropy, target 2", g_ce_wrong)]:
+    print(f"{name:36s} grad = {[round(v, 4) + 0.0 for v in g.tolist()]}")
+sat_checks = Checks("gradient at a saturated softmax, z = (40, 0, ..., 0), float64")
+sat_checks.close("MSE of p (wrong class): autograd vs J^T 2(p - y)", J_sat.T @ (2 * (saturated - y_wrong)),
+                 g_mse, tol=1e-15)
+# |g_i| <= 2 sum_j |J_ij| = 4 p_i (1 - p_i) <= 4 (1 - p_1) < 24 e^-40, since |p_j - y_j| <= 1
+sat_checks.close("MSE of p (wrong class): |grad| below the 24 e^-40 bound", 0.0, g_mse.abs().max(),
+                 tol=24 * math.exp(-40))
+sat_checks.close("CE, target = saturated class: autograd vs p - y", saturated - y_right, g_ce_right, tol=1e-15)
+sat_checks.close("CE, target = another class: autograd vs p - y", saturated - y_wrong, g_ce_wrong, tol=1e-15)
+sat_checks.close("CE, target = another class: vs F.cross_entropy", g_ce_peer, g_ce_wrong, tol=1e-15)
+sat_checks.close("CE, target = another class: |grad|_1 vs 2 (p_1 = 1, p_2 = 0)", 2.0, g_ce_wrong.abs().sum(),
+                 tol=1e-12)
+sat_checks
 
 # %% [markdown]
 # ## Log-sum-exp: the stable way
@@ -309,7 +357,11 @@ show_source(cross_entropy)
 # Now the checks against PyTorch's own `torch.softmax`, `torch.log_softmax`,
 # `torch.logsumexp` and `torch.nn.functional.cross_entropy` (which wants logits as $(N, V)$,
 # so we reshape), on a $(B, T, V) = (4, 7, 50)$ batch in float32 and float64, and on the
-# extreme logits.
+# extreme logits. Padded positions carry the target `ignore_index` (PyTorch's $-100$): they
+# add nothing to the loss and are left out of the count it is averaged over: a batch whose last
+# three positions in each row are padding is averaged over the other positions only. The
+# checks use padding in that role, and a second `ignore_index` that is an ordinary id (0),
+# summed rather than averaged.
 
 # %%
 def agree(checks, what, got, ref, tol):
@@ -329,6 +381,13 @@ for dtype, tol in ((torch.float32, 1e-6), (torch.float64, 1e-12)):
     agree(checks, f"logsumexp, {name}", logsumexp(zz), torch.logsumexp(zz, -1), tol)
     agree(checks, f"cross_entropy, {name}", cross_entropy(zz, yy),
           F.cross_entropy(zz.reshape(-1, 50), yy.reshape(-1)), tol)
+    yy_pad = torch.where(torch.arange(7) >= 4, -100, yy)  # (4, 7): the last 3 of each row are padding
+    agree(checks, f"cross_entropy, ignore_index = -100, {name}", cross_entropy(zz, yy_pad),
+          F.cross_entropy(zz.reshape(-1, 50), yy_pad.reshape(-1), ignore_index=-100), tol)
+    agree(checks, f"cross_entropy, sum, ignore_index = 0, {name}",
+          cross_entropy(zz, yy_pad.clamp(min=0), ignore_index=0, reduction="sum"),
+          F.cross_entropy(zz.reshape(-1, 50), yy_pad.clamp(min=0).reshape(-1), ignore_index=0,
+                          reduction="sum"), tol)
 y_ext = torch.tensor([1, 2])
 for fn in (softmax, log_softmax):
     n_finite = int(torch.isfinite(fn(extreme)).sum())
@@ -548,8 +607,10 @@ for n in orders:
 # * The softmax is shift invariant. The gradient of the cross-entropy in the logits is
 #   $p - \mathbf{y}$, and the softmax Jacobian, which is also the loss's Hessian, is
 #   $\operatorname{diag}(p) - pp^\top$: positive semi-definite, flat along $\mathbf{1}$,
-#   zero at a saturated (one-hot) $p$. All are derived in SymPy and checked against
-#   autograd in float64.
+#   zero at a saturated (one-hot) $p$. So at a saturated softmax a loss of the probabilities
+#   gets no gradient, while the cross-entropy from the logits still gets $p - \mathbf{y}$,
+#   which vanishes only when the saturated class is the target. All are derived in SymPy
+#   and checked against autograd in float64.
 # * Subtracting the max makes `softmax`, `log_softmax`, `logsumexp` and `cross_entropy`
 #   finite at logits of $\pm 10^4$; they agree with PyTorch's to round-off relative to the
 #   float32 spacing (about $2^{-19}$ near 30).

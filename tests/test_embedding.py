@@ -11,6 +11,7 @@ from llmbook.text.embedding import (
     cosine_similarity,
     embedding_grad,
     embedding_parameter_count,
+    nearest_rows,
     one_hot,
     pairwise_cosine,
 )
@@ -305,3 +306,86 @@ def test_parameter_counts_equal_transformers_gpt2_and_llama():
     head, tok = llama.lm_head.weight, llama.model.embed_tokens.weight
     assert head is not tok
     assert head.numel() + tok.numel() == embedding_parameter_count(32000, 4096, tied=False)
+
+
+# ---------------------------------------------------------------- nearest_rows
+
+
+def test_nearest_rows_worked_example():
+    E = torch.tensor([[3.0, 4.0], [0.0, 1.0], [1.0, 0.0], [6.0, 8.0], [0.0, 0.5]])  # norms 5, 1, 1, 10, 0.5
+    ids, dist = nearest_rows(E, 3)
+    assert ids.tolist() == [4, 1, 2] and dist.tolist() == [0.5, 1.0, 1.0]  # tie 1 = 1: smaller id first
+    ids, dist = nearest_rows(E, 2, centre=torch.tensor([3.0, 4.0]), exclude=[0])
+    assert ids.tolist() == [1, 2] and dist.tolist() == pytest.approx([18**0.5, 20**0.5])
+    assert ids.dtype == torch.int64
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 30), st.integers(1, 6), st.integers(0, 10**6), st.booleans())
+def test_nearest_rows_equals_a_sort_of_torch_cdist(V, d, seed, with_centre):
+    g = torch.Generator().manual_seed(seed)
+    E = torch.randn(V, d, generator=g, dtype=torch.float64)  # (V, d), V != d mostly
+    centre = torch.randn(d, generator=g, dtype=torch.float64) if with_centre else None
+    exclude = list(range(0, V, 3))[: V - 1]
+    k = V - len(exclude)
+    ids, dist = nearest_rows(E, k, centre=centre, exclude=exclude)
+    point = torch.zeros(1, d, dtype=torch.float64) if centre is None else centre[None]
+    ref = torch.cdist(E, point)[:, 0]  # (V,)
+    expected = sorted((i for i in range(V) if i not in exclude), key=lambda i: (ref[i].item(), i))
+    assert set(ids.tolist()) == set(expected) and not set(ids.tolist()) & set(exclude)
+    assert torch.allclose(dist, ref[ids], atol=1e-12)
+    assert bool((dist[1:] >= dist[:-1]).all())  # nearest first
+
+
+def test_nearest_rows_bad_input():
+    E = torch.zeros(4, 3)
+    with pytest.raises(TypeError, match="E must be a floating-point tensor"):
+        nearest_rows(E.long(), 1)
+    with pytest.raises(ValueError, match=r"E must be a \(V, d\) matrix"):
+        nearest_rows(torch.zeros(4), 1)
+    with pytest.raises(ValueError, match="k = 4 exceeds the 3 rows left"):
+        nearest_rows(E, 4, exclude=[0])
+    with pytest.raises(ValueError, match="k must be"):
+        nearest_rows(E, 0)
+    with pytest.raises(ValueError, match=r"centre must have shape \(3,\)"):
+        nearest_rows(E, 1, centre=torch.zeros(4))
+    with pytest.raises(ValueError, match="exclude must hold ids in"):
+        nearest_rows(E, 1, exclude=[4])
+
+
+# ---------------------------------------------------------------- TokenEmbedding(scale=...)
+
+
+@pytest.mark.parametrize(("V", "d"), [(11, 4), (7, 9), (50, 2304)])
+def test_scaled_embedding_equals_gemma2s_scaled_word_embedding(V, d):
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2TextScaledWordEmbedding
+
+    g = torch.Generator().manual_seed(V + d)
+    ours = TokenEmbedding(V, d, generator=g, scale=d**0.5)
+    peer = Gemma2TextScaledWordEmbedding(V, d, padding_idx=0, embed_scale=d**0.5)
+    peer.weight.data.copy_(ours.weight.data)
+    ids = torch.randint(0, V, (3, 5), generator=g)  # (B, T), non-square
+    assert torch.equal(ours(ids), peer(ids))  # float32 either way: the same product
+    h = torch.randn(3, 5, d, generator=g)
+    assert torch.equal(ours.logits(h), h @ ours.weight.T)  # the output use is not scaled
+    assert "scale=" in repr(ours) and "scale" not in repr(TokenEmbedding(V, d))
+
+
+def test_scaled_embedding_worked_example_and_gradient():
+    emb = TokenEmbedding(3, 4, dtype=torch.float64, scale=2.0)
+    with torch.no_grad():
+        emb.weight.copy_(torch.arange(12, dtype=torch.float64).reshape(3, 4))
+    assert emb(torch.tensor([[2, 0]])).tolist() == [[[16.0, 18.0, 20.0, 22.0], [0.0, 2.0, 4.0, 6.0]]]
+    ids = torch.tensor([[2, 0, 2]])
+    W = emb.weight.detach().clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda w: torch.func.functional_call(emb, {"weight": w}, (ids,)), (W,))
+    emb.zero_grad()
+    (emb(ids) * torch.ones(1, 3, 4, dtype=torch.float64)).sum().backward()
+    assert emb.weight.grad.tolist() == [[2.0] * 4, [0.0] * 4, [4.0] * 4]  # scale x count
+
+
+def test_scaled_embedding_bad_scale():
+    with pytest.raises(ValueError, match="scale must be a positive finite number"):
+        TokenEmbedding(3, 4, scale=0.0)
+    with pytest.raises(TypeError, match="scale must be a number"):
+        TokenEmbedding(3, 4, scale="2")

@@ -510,6 +510,14 @@ def test_pretokenizer_presets_worked_example():
         " ", "1", "2", "3", "4", "5", "\r\n"]
     # cl100k: like Qwen2 but digits in groups of up to three
     assert split["cl100k"][3:5] == ["202", "4"] and split["cl100k"][-3:] == ["123", "45", "\r\n"]
+    # o200k: the contraction stays on its word; digits in threes like cl100k
+    assert split["o200k"] == [
+        "I'M", " ", "202", "4", "\n\n", " ", " x", " ", " ", "1", " v", "1", ".", "2", " ", "123",
+        "45", "\r\n"]
+    # o200k: a lower-case run after capitals ends a word, capitals before lower case join it
+    assert PRETOKENIZERS["o200k"].split("camelCase HTTPServer don't a/b c//\nd") == [
+        "camel", "Case", " HTTPServer", " don't", " a", "/b", " c", "//\n", "d"]
+    assert PRETOKENIZERS["cl100k"].split("camelCase don't") == ["camelCase", " don", "'t"]
 
 
 def test_pretokenizer_stage_keeps_the_text_between_matches():
@@ -558,7 +566,7 @@ def test_smollm_preset_changes_only_digits_after_whitespace(small_tokenizer):
     assert smollm.decode(smollm.encode(TRICKY)) == TRICKY
 
 
-STREAM_EXTRA = ["\r\n", "   \n", "12345", "'S", "\u3000", "x", "      "]
+STREAM_EXTRA = ["\r\n", "   \n", "12345", "'S", "\u3000", "x", "      ", "AB", "Cd", "/", "'ll"]
 
 
 def whitespace_merges() -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
@@ -581,6 +589,7 @@ def whitespace_merges() -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
        st.integers(min_value=1, max_value=12))
 @example("qwen2", ["x\n", "    ", "  \n", "x"], 3)
 @example("cl100k", ["a\n", "      ", "\n\nb"], 2)
+@example("o200k", ["AB", "Cd", "'ll", "AB'", "S/\n"], 1)
 def test_encode_iterable_is_exact_for_every_preset(name, chunks, block):
     tok = BPETokenizer(*whitespace_merges(), None, name)  # no specials: cuts come early
     expected = tok.encode("".join(chunks))

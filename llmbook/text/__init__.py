@@ -4,13 +4,14 @@ Chapter → module → what it defines:
 
 * 1 Tokens → :mod:`~llmbook.text.tokenizer` (a subpackage): byte-level BPE trained with
   incremental pair counts (``train_bpe``, either tie rule), ``BPETokenizer`` with any
-  pre-tokeniser (``PreTokenizer``: GPT-2's, SmolLM2's, Qwen2's, cl100k's), GPT-2's file
+  pre-tokeniser (``PreTokenizer``: GPT-2's, SmolLM2's, Qwen2's, cl100k's, o200k's), GPT-2's file
   pair, tiktoken rank files (``load_tiktoken_ranks``), a real model's tokenizer and chat
   template from GGUF metadata (``ChatTokenizer``), WordPiece's and Unigram's segmenters, and
   the Hugging Face ``tokenizers`` peer; :mod:`~llmbook.text.corpus`: the shipped corpus
   (``load_stdlib_docs``).
 * 2 Embeddings → :mod:`~llmbook.text.embedding`: ``one_hot``, ``TokenEmbedding``,
-  ``embedding_grad``, cosine geometry and parameter counts.
+  ``embedding_grad``, cosine geometry and parameter counts; ``nearest_rows`` (chapter 1's
+  under-trained tokens of SmolLM2).
 * 3 Language modelling → :mod:`~llmbook.text.functional`: stable ``softmax``,
   ``log_softmax``, ``logsumexp``, ``cross_entropy``, ``perplexity``;
   :mod:`~llmbook.text.data`: ``MarkovSource`` with an exact entropy rate and the book's

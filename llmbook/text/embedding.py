@@ -17,7 +17,9 @@ Contents:
   projection (``logits``);
 * :func:`embedding_grad` - the scatter-add formula dL/dE = X^T G;
 * :func:`cosine_similarity`, :func:`pairwise_cosine` - the geometry of embeddings;
-* :func:`embedding_parameter_count` - V d, plus an untied head and a position table.
+* :func:`embedding_parameter_count` - V d, plus an untied head and a position table;
+* :func:`nearest_rows` - the rows of E nearest a point (the origin: the smallest norms),
+  indicators of under-trained ("glitch") tokens (Land & Bartolo, 2024; notebooks/01_tokens).
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from llmbook.validation import check_positive_int
+from llmbook.validation import check_floating_tensor, check_positive_int, check_positive_number
 
 __all__ = [
     "TokenEmbedding",
     "cosine_similarity",
     "embedding_grad",
     "embedding_parameter_count",
+    "nearest_rows",
     "one_hot",
     "pairwise_cosine",
 ]
@@ -101,6 +104,12 @@ class TokenEmbedding(nn.Module):
     Initialisation: E_ij ~ N(0, std^2) with std = 0.02, as in GPT-2 (Radford et al.,
     2019). The parameter is called ``weight`` (shape (V, d)) like ``nn.Embedding``'s, so
     state dicts move between the two.
+
+    ``scale`` multiplies what ``forward`` returns (not ``logits``): Gemma's models multiply
+    the looked-up rows of their tied matrix by sqrt(d) (Riviere et al., 2024, for Gemma 2;
+    ``transformers``' ``Gemma2TextScaledWordEmbedding``), so that one matrix initialised for
+    unit-variance logits also gives inputs of unit RMS (notebooks/02_embeddings, section 2.7).
+    The default 1 is a plain lookup.
     """
 
     def __init__(
@@ -110,6 +119,7 @@ class TokenEmbedding(nn.Module):
         std: float = 0.02,
         generator: torch.Generator | None = None,
         dtype: torch.dtype | None = None,
+        scale: float = 1.0,
     ) -> None:
         super().__init__()
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
@@ -117,6 +127,7 @@ class TokenEmbedding(nn.Module):
         if not std > 0:
             raise ValueError(f"std must be positive, got std={std}")
         self.std = float(std)
+        self.scale = check_positive_number("scale", scale)
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model, dtype=dtype))  # (V, d)
         self.reset_parameters(generator)
 
@@ -128,7 +139,8 @@ class TokenEmbedding(nn.Module):
     def forward(self, ids: Tensor) -> Tensor:
         """Look up the embeddings of ``ids``: (B, T) integer ids -> (B, T, d)."""
         ids = _check_ids(ids, self.vocab_size)
-        return self.weight[ids]  # (B, T, d)
+        rows = self.weight[ids]  # (B, T, d)
+        return rows if self.scale == 1.0 else rows * self.scale
 
     def logits(self, h: Tensor) -> Tensor:
         """Tied output projection z = h E^T: (B, T, d) hidden states -> (B, T, V) logits."""
@@ -138,7 +150,8 @@ class TokenEmbedding(nn.Module):
         return h @ self.weight.T  # (B, T, V)
 
     def extra_repr(self) -> str:
-        return f"vocab_size={self.vocab_size}, d_model={self.d_model}, std={self.std}"
+        extra = "" if self.scale == 1.0 else f", scale={self.scale:g}"
+        return f"vocab_size={self.vocab_size}, d_model={self.d_model}, std={self.std}{extra}"
 
 
 def cosine_similarity(a: Tensor, b: Tensor, dim: int = -1, eps: float = 1e-8) -> Tensor:
@@ -206,3 +219,48 @@ def embedding_parameter_count(
     if context_length is not None:
         count += check_positive_int("context_length", context_length) * d_model  # (T_max, d)
     return count
+
+
+
+def nearest_rows(E: Tensor, k: int, centre: Tensor | None = None,
+                 exclude: list[int] | None = None) -> tuple[Tensor, Tensor]:
+    """The ``k`` rows of E nearest to ``centre`` (Euclidean), nearest first.
+
+    With ``centre = None`` (the zero vector) these are the rows of smallest norm. Both are
+    indicators of *under-trained* ("glitch") tokens, tokens of the vocabulary that (almost)
+    never occurred in the training text, so that their rows barely moved from where such
+    rows end up. Land & Bartolo (2024, "Fishing for Magikarp: Automatically Detecting
+    Under-trained Tokens in Large Language Models") start from tokens known to be unused
+    (reserved control tokens, say) and look for other tokens whose rows resemble theirs:
+    ``centre`` = the mean row of the known-unused tokens. Candidates are only candidates;
+    notebooks/01_tokens compares both indicators on SmolLM2.
+
+    Args:
+        E: ``(V, d)`` floating matrix, one row per token.
+        k: how many rows, ``1 <= k <= V - len(exclude)``.
+        centre: ``(d,)`` vector of E's dtype, or ``None`` for the origin.
+        exclude: ids to leave out (the reference tokens themselves, say), each in ``[0, V)``.
+
+    Returns:
+        ``(ids, distances)``: two ``(k,)`` tensors, ids (int64) in order of increasing
+        distance (ties: the smaller id first) and the distances.
+    """
+    E = check_floating_tensor(E, "E")
+    if E.ndim != 2:
+        raise ValueError(f"E must be a (V, d) matrix, got shape {tuple(E.shape)}")
+    k = check_positive_int("k", k)
+    if centre is not None:
+        centre = check_floating_tensor(centre, "centre")
+        if centre.shape != (E.shape[1],):
+            raise ValueError(f"centre must have shape ({E.shape[1]},), got {tuple(centre.shape)}")
+    skip = sorted(set(exclude or []))
+    if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < E.shape[0] for i in skip):
+        raise ValueError(f"exclude must hold ids in [0, {E.shape[0]}), got {exclude!r}")
+    if k > E.shape[0] - len(skip):
+        raise ValueError(f"k = {k} exceeds the {E.shape[0] - len(skip)} rows left after exclude")
+    distances = torch.linalg.vector_norm(E if centre is None else E - centre, dim=1)  # (V,)
+    keep = torch.ones(E.shape[0], dtype=torch.bool)
+    keep[skip] = False
+    ids = torch.arange(E.shape[0])[keep]
+    order = torch.sort(distances[keep], stable=True).indices[:k]  # stable: ties keep id order
+    return ids[order], distances[keep][order]

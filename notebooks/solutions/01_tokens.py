@@ -91,3 +91,28 @@ if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these
     from llmbook.nbtools import run_solution_tests
 
     raise SystemExit(run_solution_tests(__file__))
+
+
+def cosine_to_reference(E, reference: Sequence[int], k: int,
+                        exclude: Sequence[int] = ()) -> tuple[list[int], list[float]]:
+    """Exercise 5: the ``k`` rows of ``E`` (V, d) most aligned with the known-unused tokens.
+
+    Centre the rows (subtract E's mean row, the direction every row shares), take the mean of
+    the centred reference rows as the direction of "unused", and rank the other rows by their
+    cosine similarity to it, highest first (ties: the smaller id first). Returns the ids and
+    their cosines. The reference ids and ``exclude`` are left out of the ranking.
+    """
+    import torch
+
+    if not isinstance(E, torch.Tensor) or E.ndim != 2 or not E.is_floating_point():
+        raise ValueError("E must be a floating (V, d) tensor")
+    if not reference or not 1 <= k <= E.shape[0] - len(set(reference) | set(exclude)):
+        raise ValueError(f"need a non-empty reference and 1 <= k <= the rows left, got k = {k}")
+    centred = E.double() - E.double().mean(0)  # (V, d)
+    direction = centred[list(reference)].mean(0)  # (d,)
+    cos = (centred @ direction) / (centred.norm(dim=1) * direction.norm()).clamp_min(1e-300)  # (V,)
+    keep = torch.ones(E.shape[0], dtype=torch.bool)
+    keep[sorted(set(reference) | set(exclude))] = False
+    ids = torch.arange(E.shape[0])[keep]
+    order = torch.sort(-cos[keep], stable=True).indices[:k]  # highest cosine first, ties by id
+    return ids[order].tolist(), cos[keep][order].tolist()

@@ -92,3 +92,22 @@ if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these
     from llmbook.nbtools import run_solution_tests
 
     raise SystemExit(run_solution_tests(__file__))
+
+
+def remove_top_directions(E: torch.Tensor, k: int) -> torch.Tensor:
+    """Exercise 5: the rows of E (V, d), centred, with their k leading principal directions
+    projected out ("all but the top").
+
+    Subtract the mean row, take the right singular vectors of the centred matrix (its
+    principal directions), and remove each row's components along the first k. ``k = 0`` only
+    centres. Returns a (V, d) tensor of E's dtype.
+    """
+    if not isinstance(E, torch.Tensor) or E.ndim != 2 or not E.is_floating_point():
+        raise ValueError("E must be a floating (V, d) tensor")
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= min(E.shape):
+        raise ValueError(f"k must be an int in [0, {min(E.shape)}], got {k!r}")
+    centred = E - E.mean(0)  # (V, d)
+    if k == 0:
+        return centred
+    top = torch.linalg.svd(centred, full_matrices=False).Vh[:k]  # (k, d), orthonormal rows
+    return centred - (centred @ top.T) @ top

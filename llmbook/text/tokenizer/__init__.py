@@ -5,11 +5,11 @@ Introduced in notebooks/01_tokens. The modules, each adding one idea:
 * :mod:`.pretokenize`: GPT-2's pre-tokenisation regex and its byte <-> unicode alphabet;
 * :mod:`.pretokenizers`: :class:`PreTokenizer`, pre-tokenisation as a sequence of regex
   stages, and the presets ``"gpt2"``, ``"smollm"`` (digits apart first), ``"qwen2"``,
-  ``"cl100k"``;
+  ``"cl100k"``, ``"o200k"``;
 * :mod:`.train`: :func:`train_bpe_naive` and :func:`train_bpe` (incremental pair counts);
 * :mod:`.encode`: :class:`BPETokenizer` (encode, decode, streaming encode; any pre-tokeniser);
 * :mod:`.gpt2_files`: GPT-2's ``encoder.json`` + ``vocab.bpe`` file pair;
-* :mod:`.tiktoken_files`: tiktoken's rank files (Qwen's, cl100k_base) and the merges that
+* :mod:`.tiktoken_files`: tiktoken's rank files (Qwen's, cl100k_base, o200k_base) and the merges that
   the ranks determine (:func:`load_tiktoken_ranks`);
 * :mod:`.chat`: :class:`ChatTokenizer`, a real model's tokenizer read from GGUF metadata,
   with its special tokens and chat template (SmolLM2-135M-Instruct's in the book);
@@ -39,6 +39,7 @@ from llmbook.text.tokenizer.pretokenize import (
 )
 from llmbook.text.tokenizer.pretokenizers import (
     CL100K_SPLIT_PATTERN,
+    O200K_SPLIT_PATTERN,
     PRETOKENIZERS,
     QWEN2_SPLIT_PATTERN,
     PreTokenizer,
@@ -62,6 +63,7 @@ from llmbook.text.tokenizer.train import (
 __all__ = [
     "CL100K_SPLIT_PATTERN",
     "GPT2_SPLIT_PATTERN",
+    "O200K_SPLIT_PATTERN",
     "PRETOKENIZERS",
     "QWEN2_SPLIT_PATTERN",
     "TIE_BREAKS",

@@ -1,4 +1,4 @@
-"""Pre-tokenisers as a sequence of regex stages: GPT-2's, SmolLM2's, Qwen2's and cl100k's.
+"""Pre-tokenisers as a sequence of regex stages: GPT-2's, SmolLM2's, Qwen2's, cl100k's, o200k's.
 
 Introduced in notebooks/01_tokens. GPT-2's regular expression
 (:data:`~llmbook.text.tokenizer.pretokenize.GPT2_SPLIT_PATTERN`) is one way to cut text
@@ -24,6 +24,12 @@ the input). The presets (:data:`PRETOKENIZERS`):
 * ``"cl100k"``: the pattern of OpenAI's ``cl100k_base`` (GPT-4's tokenizer), as shipped in
   ``tiktoken_ext/openai_public.py``: like Qwen's, but numbers in groups of up to three
   digits, written with possessive quantifiers (``++``), which the ``regex`` module runs.
+* ``"o200k"``: the pattern of OpenAI's ``o200k_base`` (GPT-4o's tokenizer), from the same
+  file: a word is an optional non-letter, a run of capitals, then a run of lower-case
+  letters, or capitals alone (marks ``\\p{M}`` count as both), so ``camelCase`` is cut
+  ``camel`` + ``Case`` while ``HTTPServer`` stays whole; a contraction stays *attached* to
+  its word (``don't`` is one pre-token, not ``don`` + ``'t``); numbers in groups of up to
+  three digits, as cl100k.
 
 **Streaming.** :meth:`BPETokenizer.encode_iterable` may cut a stream between pre-tokens only
 where more text cannot change them. ``lookahead`` states how far that decision can reach:
@@ -32,11 +38,13 @@ where ``q`` is the first non-whitespace character at or after ``e``. For GPT-2's
 pre-token is decided by the two characters after its end (``'re`` tried at a ``'``, or
 ``\\s+(?!\\S)`` looking one past a run), so 3 holds. SmolLM2's first stage cuts around each
 ``\\p{N}`` character by looking at that character alone, and within a piece GPT-2's argument
-holds, so 3 holds. Qwen's and cl100k's patterns look past a run of whitespace, however long,
+holds, so 3 holds. Qwen's, cl100k's and o200k's patterns look past a run of whitespace, however long,
 to see whether it ends in a line break or at the end of the text (``\\s*[\\r\\n]+``,
 ``\\s++$``), but never past the first non-whitespace character after it; every other
-alternative looks at most two characters past the end of the match. So 3 holds for them
-too, counted from ``q``. A :class:`PreTokenizer` built with ``lookahead=None`` claims nothing, and a
+alternative looks at most two characters past the end of the match (o200k's letter runs
+decide at the first character after them whether capitals were followed by lower case, and its
+contraction suffixes, at most three characters long, start right after the letters). So 3
+holds for them too, counted from ``q``. A :class:`PreTokenizer` built with ``lookahead=None`` claims nothing, and a
 stream is then cut only at special tokens (exact, since text on either side of a special
 token is encoded separately, but the text between two special tokens is held whole).
 """
@@ -52,6 +60,7 @@ from llmbook.text.tokenizer.pretokenize import GPT2_SPLIT_PATTERN
 __all__ = [
     "CL100K_SPLIT_PATTERN",
     "DIGIT_PATTERN",
+    "O200K_SPLIT_PATTERN",
     "PRETOKENIZERS",
     "QWEN2_SPLIT_PATTERN",
     "PreTokenizer",
@@ -74,6 +83,18 @@ CL100K_SPLIT_PATTERN = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+"""
     r"""| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
 )
+
+
+#: o200k_base's pattern (``tiktoken_ext/openai_public.py``, its seven alternatives joined by ``|``).
+O200K_SPLIT_PATTERN = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+])
 
 
 @dataclass(frozen=True)
@@ -144,11 +165,12 @@ PRETOKENIZERS: dict[str, PreTokenizer] = {
     "smollm": PreTokenizer("smollm", (DIGIT_PATTERN, GPT2_SPLIT_PATTERN), lookahead=3),
     "qwen2": PreTokenizer("qwen2", (QWEN2_SPLIT_PATTERN,), lookahead=3),
     "cl100k": PreTokenizer("cl100k", (CL100K_SPLIT_PATTERN,), lookahead=3),
+    "o200k": PreTokenizer("o200k", (O200K_SPLIT_PATTERN,), lookahead=3),
 }
 
 
 def get_pretokenizer(spec: str | PreTokenizer) -> PreTokenizer:
-    """A preset by name (``"gpt2"``, ``"smollm"``, ``"qwen2"``, ``"cl100k"``), or ``spec`` itself."""
+    """A preset by name (``"gpt2"``, ``"smollm"``, ``"qwen2"``, ``"cl100k"``, ``"o200k"``), or ``spec``."""
     if isinstance(spec, PreTokenizer):
         return spec
     if not isinstance(spec, str):
