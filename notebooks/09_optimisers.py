@@ -256,43 +256,98 @@ show_source(AdamW)
 
 # %% [markdown]
 # **An experiment.** Three weights start at $\theta = 1$ and receive gradients that carry no
-# information, $g_t = \pm\sigma$ alternating in sign, with $\sigma = 10, 100, 1000$. Over
-# $T = 2000$ steps with $\eta = 10^{-3}$ and $\lambda = 1$, the oscillations average out and
-# only the decay remains. Here $\sqrt{\hat v} \approx \sigma$, so the derivation predicts
-# $\theta_T \approx e^{-\eta\lambda T/\sigma}$ with the L2 penalty and
-# $\theta_T = (1-\eta\lambda)^T \approx e^{-2}$ for all three with AdamW (up to a transient
-# of about one step, $\eta$, at the start):
+# information, $g_t = \pm\sigma$ alternating in sign ($+\sigma$ first), with
+# $\sigma = 10, 100, 1000$. Over $T = 2000$ steps with $\eta = 10^{-3}$ and $\lambda = 1$,
+# the oscillations average out and the decay remains. Here $\sqrt{\hat v} \approx \sigma$,
+# so the derivation predicts $\theta_T \approx e^{-\eta\lambda T/\sigma}$ with the L2
+# penalty and $\theta_T \approx (1-\eta\lambda)^T \approx e^{-2}$ for all three with AdamW.
+#
+# Not quite: the noise does not average out completely. With $g_t = \sigma(-1)^{t-1}$ every
+# $g_t^2 = \sigma^2$, so $\hat v_t = \sigma^2$ exactly at every step, and the first moment
+# has a closed form (SymPy checks it against the recursion for $t \le 8$):
+#
+# $$ \frac{m_t}{\sigma} = \frac{1-\beta_1}{1+\beta_1}\,(-1)^{t-1}\bigl(1 - (-\beta_1)^t\bigr),
+#    \qquad \frac{\hat m_t}{\sigma} = \frac{m_t}{\sigma\,(1-\beta_1^t)} . $$
+#
+# Without decay the weight moves by $-\eta\sum_t \hat m_t/\sigma$. The alternating part
+# $\pm(1-\beta_1)/(1+\beta_1)$ cancels over each pair of steps; what is left is the bias
+# correction acting on an *unbalanced* start (the first gradient has no partner yet): at odd
+# $t$ the factor $(1+\beta_1^t)/(1-\beta_1^t)$ exceeds 1 by $2\beta_1^t/(1-\beta_1^t)$, at
+# even $t$ it is exactly 1. After any even number of steps past the first hundred or so
+# the weight sits at
+#
+# $$ \theta - \theta_0 = -\delta\,\eta, \qquad
+#    \delta = \frac{2(1-\beta_1)}{1+\beta_1}\sum_{k\ \mathrm{odd}} \frac{\beta_1^k}{1-\beta_1^k}, $$
+#
+# a fixed offset made in the first steps, after which it neither grows nor fades. SymPy
+# checks the closed form; $\delta$ is then summed numerically for $\beta_1 = 0.9$ (the
+# terms fall like $\beta_1^{2k}$, so 400 of them are plenty):
+
+# %%
+m_over_sigma = lambda t_: (1 - beta1) / (1 + beta1) * (-1) ** (t_ - 1) * (1 - (-beta1) ** t_)  # noqa: E731
+m = 0
+for t_ in range(1, 9):
+    m = beta1 * m + (1 - beta1) * (-1) ** (t_ - 1)  # g_t / sigma = (-1)^(t-1)
+    assert sp.cancel(m - m_over_sigma(t_)) == 0  # a rational function of beta_1: cancel decides
+delta_sum = 2 * (1 - beta1) / (1 + beta1) * sp.Sum(beta1 ** (2 * k - 1) / (1 - beta1 ** (2 * k - 1)), (k, 1, sp.oo))
+summand = sp.lambdify(k, (beta1 ** (2 * k - 1) / (1 - beta1 ** (2 * k - 1))).subs(beta1, 0.9), "numpy")
+delta_drift = float(2 * 0.1 / 1.9 * summand(np.arange(1, 401)).sum())  # terms beyond k = 400 are below 1e-36
+display(sp.Eq(sp.Symbol(r"\delta"), delta_sum))
+print(f"beta_1 = 0.9: delta = {delta_drift:.4f}, half-swing (1 - beta_1) / (1 + beta_1) = {0.1 / 1.9:.3f}")
+
+# %% [markdown]
+# So $\delta = 1.7588$: every weight that receives pure noise of this kind ends about
+# $1.76\,\eta$ below where it started (and $0.053\,\eta$ lower still after an odd number of
+# steps, the half-swing of the oscillation). With decay the offset, made early, is shrunk
+# by the decay like the rest of the weight. For AdamW the whole path is then exact:
+# $\theta_T = (1-\eta\lambda)^T\theta_0 - \eta\sum_{t=1}^{T}(1-\eta\lambda)^{T-t}\,\hat m_t/\sigma$
+# (up to $\varepsilon/\sigma \le 10^{-9}$ relative). For Adam with the L2 penalty,
+# $\theta_T \approx e^{-\eta\lambda T/\sigma}(1 - \delta\eta)$, and the terms this leaves out
+# are of relative size $\lambda/\sigma$ on the offset (the early gradients are
+# $\pm\sigma + \lambda\theta$, not $\pm\sigma$) and $\lambda^2/\sigma^2$ on the rate of decay
+# ($\hat v \approx \sigma^2 + \lambda^2\theta^2$), so we allow
+# $2\delta\eta\lambda/\sigma + \eta\lambda^3 T/\sigma^3$. The runs, with a third one of
+# 6000 steps and no decay at all to see whether the offset moves:
 
 # %%
 sigma = torch.tensor([10.0, 100.0, 1000.0], dtype=f64)
 lr_d, lam_d, T_d = 1e-3, 1.0, 2000
 
 
-def decay_run(cls):
+def decay_run(cls, lam=lam_d, steps=T_d):
     theta = nn.Parameter(torch.ones(3, dtype=f64))
-    opt = cls([theta], lr=lr_d, weight_decay=lam_d)
+    opt = cls([theta], lr=lr_d, weight_decay=lam)
     path = [theta.detach().clone()]
-    for step in range(T_d):
+    for step in range(steps):
         theta.grad = sigma * (-1.0) ** step
         opt.step()
         path.append(theta.detach().clone())
-    return torch.stack(path)  # (T + 1, 3)
+    return torch.stack(path)  # (steps + 1, 3)
 
 
-path_l2, path_w = decay_run(Adam), decay_run(AdamW)
+path_l2, path_w, path_0 = decay_run(Adam), decay_run(AdamW), decay_run(AdamW, lam=0.0, steps=6000)
+m_hat = sp.lambdify(t, (m_over_sigma(t) / (1 - beta1**t)).subs(beta1, 0.9), "numpy")(np.arange(1, T_d + 1))  # (T,)
+adamw_exact = (1 - lr_d * lam_d) ** T_d - lr_d * np.sum((1 - lr_d * lam_d) ** (T_d - np.arange(1, T_d + 1)) * m_hat)
+for t_ in (1, 2, 10, 50, 200, 2000, 6000):
+    print(f"no decay, after {t_:4d} steps: (theta - 1) / eta = {(path_0[t_, 1].item() - 1) / lr_d:+.6f}")
 
 # %%
-checks = Checks("weight decay: Adam + L2 against AdamW (tolerance 2 eta)")
-checks.close("AdamW: theta_T = (1 - eta lambda)^T for every sigma", torch.full((3,), (1 - lr_d * lam_d) ** T_d, dtype=f64), path_w[-1], tol=2 * lr_d)
-checks.close("AdamW: the three weights decay alike", path_w[-1, 0].expand(3), path_w[-1], tol=1e-9)
-checks.close("Adam + L2: theta_T = exp(-eta lambda T / sigma)", torch.exp(-lr_d * lam_d * T_d / sigma), path_l2[-1], tol=2 * lr_d)
+checks = Checks("weight decay: Adam + L2 against AdamW, and the offset delta eta")
+checks.close("no decay: theta - 1 = -delta eta after 6000 steps (SymPy's delta)", torch.full((3,), -delta_drift * lr_d, dtype=f64), path_0[-1] - 1, tol=1e-11)
+checks.close("no decay: the offset does not move from step 200 to 6000", path_0[200], path_0[-1], tol=1e-11)
+checks.close("AdamW: theta_T = (1-eta lambda)^T - eta sum (1-eta lambda)^(T-t) m_hat_t / sigma", torch.full((3,), adamw_exact, dtype=f64), path_w[-1], tol=1e-11)
+for j in range(3):
+    sig = sigma[j].item()
+    checks.close(f"Adam + L2, sigma = {sig:.0f}: exp(-eta lambda T / sigma)(1 - delta eta)",
+                 np.exp(-lr_d * lam_d * T_d / sig) * (1 - delta_drift * lr_d), path_l2[-1, j],
+                 tol=2 * delta_drift * lr_d * lam_d / sig + lr_d * lam_d**3 * T_d / sig**3)
 checks
 
 # %% [markdown]
 # Under AdamW, the three weights shrink to $0.135$ together; under Adam with the same
 # $\lambda$, to $0.818$, $0.978$ and $0.996$: the L2 penalty barely touches weights with
-# large gradients. The figure shows the whole paths (the width of each curve is the
-# oscillation $\pm\eta$).
+# large gradients. The figure shows the whole paths (each curve also swings by about
+# $0.05\,\eta$ from step to step, too little to see).
 
 # %%
 steps_d = np.arange(T_d + 1)
@@ -421,10 +476,35 @@ show_source(clip_grad_norm_)
 # least value of a function") $f(x, y) = (1-x)^2 + 100\,(y - x^2)^2$ has its minimum
 # $f = 0$ at $(1, 1)$, at the end of a long, curved, narrow valley: the curvature across
 # the valley is hundreds of times that along it, as in the loss surfaces of networks.
-# Each optimiser starts at $(-1.5, 2)$ and takes 2000 steps. SGD's rate $10^{-3}$ is about
-# the largest at which it is stable; momentum $\mu = 0.9$ is run with $10^{-4}$ (the same
-# effective rate $\eta/(1-\mu) = 10^{-3}$) and with $10^{-3}$; Adam with $0.05$, with and
-# without $\lambda = 0.1$ of either kind of decay.
+# Each optimiser starts at $(-1.5, 2)$ and takes 2000 steps.
+#
+# How large may SGD's rate be? Near the minimum the loss is a quadratic,
+# $f \approx \frac12 (\theta-\theta^*)^\top \mathbf H (\theta-\theta^*)$, and a gradient step
+# multiplies the component along each eigenvector of the Hessian $\mathbf H$ (eigenvalue
+# $\lambda_i$) by $1 - \eta\lambda_i$. The step is stable when $|1-\eta\lambda_i| < 1$ for
+# every $i$, that is when $\eta < 2/\lambda_{\max}$. SymPy computes the Hessian at $(1, 1)$,
+# its eigenvalues and the limit before any run; the gradient for the runs is SymPy's too
+# (`sp.lambdify` turns it into a function, faster than autograd for two numbers):
+
+# %%
+x_s, y_s = sp.symbols("x y", real=True)
+f_ros = (1 - x_s) ** 2 + 100 * (y_s - x_s**2) ** 2
+hessian_min = sp.hessian(f_ros, (x_s, y_s)).subs({x_s: 1, y_s: 1})
+lam_max = max(hessian_min.eigenvals())
+eta_crit = float(2 / lam_max)
+grad_ros = sp.lambdify((x_s, y_s), [sp.diff(f_ros, x_s), sp.diff(f_ros, y_s)])
+lam_min = min(hessian_min.eigenvals())
+display(hessian_min, sp.Eq(sp.Symbol(r"\lambda_{\max}"), lam_max))
+print(f"lambda_max = {float(lam_max):.1f}, lambda_min = {float(lam_min):.4f} (ratio {float(lam_max / lam_min):.0f}), "
+      f"limit 2 / lambda_max = {eta_crit:.4g}")
+
+# %% [markdown]
+# $\lambda_{\max} = 501 + \sqrt{250601} \approx 1001.6$ and $\lambda_{\min} \approx 0.4$: the
+# valley is 2508 times more curved across than along, and the limit is
+# $\eta < 2/\lambda_{\max} \approx 1.997 \times 10^{-3}$. SGD is run at $10^{-3}$, half the
+# limit, and at 0.95 and 1.05 times the limit to test the prediction; momentum
+# $\mu = 0.9$ with $10^{-4}$ (the same effective rate $\eta/(1-\mu) = 10^{-3}$) and with
+# $10^{-3}$; Adam with $0.05$, with and without $\lambda = 0.1$ of either kind of decay.
 
 # %%
 def rosenbrock(p):
@@ -435,11 +515,12 @@ def trajectory(make, steps=2000, start=(-1.5, 2.0)):
     p = nn.Parameter(torch.tensor(start, dtype=f64))
     opt, path = make([p]), [p.detach().clone()]
     for _ in range(steps):
-        opt.zero_grad()
-        rosenbrock(p).backward()
+        p.grad = torch.stack(grad_ros(p[0].detach(), p[1].detach()))
         opt.step()
         path.append(p.detach().clone())
-    return torch.stack(path)  # (steps + 1, 2)
+        if not p.abs().max() < 1e6:  # diverged: stop before the numbers overflow
+            break
+    return torch.stack(path)  # (steps + 1, 2), shorter if the run diverged
 
 
 # %%
@@ -452,9 +533,27 @@ runs = {
     "AdamW 0.1, eta = 0.05": lambda q: AdamW(q, lr=0.05, weight_decay=0.1),
 }
 paths = {name: trajectory(make) for name, make in runs.items()}
+edge = {factor: trajectory(lambda q, f_=factor: SGD(q, lr=f_ * eta_crit)) for factor in (0.95, 1.05)}
 for name, path in paths.items():
     x_end, y_end = path[-1].tolist()
     print(f"{name:27s} ends at ({x_end:.4f}, {y_end:.4f}), f = {rosenbrock(path[-1]).item():.2e}")
+for factor, path in edge.items():
+    print(f"SGD, eta = {factor} x 2/lambda_max: {len(path) - 1} steps, f = {rosenbrock(path[-1]).item():.2e}")
+
+# %%
+checks = Checks("SGD on either side of the predicted limit 2 / lambda_max")
+checks.true("eta = 0.95 x limit: 2000 steps, f falls below 1e-2", len(edge[0.95]) == 2001 and rosenbrock(edge[0.95][-1]).item() < 1e-2,
+            got=f"f = {rosenbrock(edge[0.95][-1]).item():.1e}")
+checks.true("eta = 1.05 x limit: diverges (|theta| > 1e6) within 2000 steps", len(edge[1.05]) < 2001,
+            got=f"after {len(edge[1.05]) - 1} steps")
+checks
+
+# %% [markdown]
+# The prediction holds on both sides. Below the limit SGD converges, slowly, because the
+# direction along the valley contracts by only $1 - \eta\lambda_{\min}$ per step; above
+# it, the component across the valley is multiplied by $|1 - \eta\lambda_{\max}| > 1$ at
+# every step and the run blows up. (Right at the limit the growth factor is so close to 1
+# that a short run cannot tell.) The rate $10^{-3}$ of the figure is half the limit.
 
 # %%
 xs, ys = np.meshgrid(np.linspace(-2, 2, 300), np.linspace(-1, 3, 300))
@@ -496,8 +595,7 @@ plt.show()
 # on the gradient (`sp.nsolve`), and the checks compare:
 
 # %%
-x_s, y_s = sp.symbols("x y", real=True)
-f_pen = (1 - x_s) ** 2 + 100 * (y_s - x_s**2) ** 2 + sp.Rational(1, 20) * (x_s**2 + y_s**2)
+f_pen = f_ros + sp.Rational(1, 20) * (x_s**2 + y_s**2)
 argmin_pen = sp.nsolve([sp.diff(f_pen, x_s), sp.diff(f_pen, y_s)], [x_s, y_s], [0.9, 0.8])
 argmin_pen = torch.tensor([float(v) for v in argmin_pen], dtype=f64)
 checks = Checks("where the runs end")
@@ -692,7 +790,12 @@ for name, (_, _, loss_ours, loss_ref) in results.items():
 #   dividing by $1-\beta^t$ removes the bias, and makes the first step exactly $\eta$ per coordinate.
 # * An L2 penalty is weight decay for SGD ($\lambda' = \lambda$ in PyTorch's convention), but not
 #   for Adam, which divides it by $\sqrt{\hat v}+\varepsilon$: weights with large gradients are
-#   decayed less. AdamW decays every weight by $\eta\lambda$ per step.
+#   decayed less. AdamW decays every weight by $\eta\lambda$ per step. Gradients of pure
+#   alternating noise still leave a fixed offset $-\delta\eta$ ($\delta = 1.7588$ for
+#   $\beta_1 = 0.9$), made by the bias correction in the first steps.
+# * Gradient descent is stable near a minimum only for $\eta < 2/\lambda_{\max}$ of the
+#   Hessian there: on Rosenbrock's valley $2/1001.6 \approx 1.997\times10^{-3}$, and runs at 0.95
+#   and 1.05 times that converge and diverge.
 # * Warmup from $0$ to $\eta_{\max}$ in $W$ steps, then
 #   $\eta_{\min} + \frac12(\eta_{\max}-\eta_{\min})(1+\cos\pi\frac{s-W}{N-W})$; clipping scales the
 #   global gradient norm down to $c$ and keeps its direction.

@@ -75,3 +75,51 @@ def test_exercise_4_non_additive_pair(tokenizer):
     a, b = sol.non_additive_pair(tokenizer)
     assert tokenizer.encode(a + b) != tokenizer.encode(a) + tokenizer.encode(b)
     assert tokenizer.decode(tokenizer.encode(a) + tokenizer.encode(b)) == a + b
+
+
+def test_exercise_5_cosine_to_reference_worked_example():
+    import torch
+
+    # rows: mean (1, 1); centred: (-1, -1), (1, 1), (1, -1), (-1, 1), (0, 0) - tokens 0 and 1 oppose
+    E = torch.tensor([[0.0, 0.0], [2.0, 2.0], [2.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
+    ids, cos = sol.cosine_to_reference(E, [1], 4)
+    assert ids == [2, 3, 4, 0]  # 2 and 3 tie at cos 0 (smaller id first); the zero row has cos 0
+    assert cos == pytest.approx([0.0, 0.0, 0.0, -1.0], abs=1e-12)
+    assert sol.cosine_to_reference(E, [1], 1, exclude=[2, 3, 4]) == ([0], [pytest.approx(-1.0)])
+    with pytest.raises(ValueError, match="k"):
+        sol.cosine_to_reference(E, [1], 5)
+    with pytest.raises(ValueError, match="floating"):
+        sol.cosine_to_reference(E.long(), [1], 1)
+
+
+def test_exercise_5_cosine_to_reference_equals_torch_cosine_similarity():
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    E = torch.randn(40, 7, generator=g, dtype=torch.float64)  # (V, d), non-square
+    ref = [3, 11, 17]
+    centred = E - E.mean(0)
+    cos = F.cosine_similarity(centred, centred[ref].mean(0)[None], dim=1)
+    others = [i for i in range(40) if i not in ref]
+    expected = sorted(others, key=lambda i: -cos[i].item())[:9]
+    ids, values = sol.cosine_to_reference(E, ref, 9)
+    assert ids == expected and values == pytest.approx([cos[i].item() for i in expected], abs=1e-12)
+
+
+def test_exercise_5_on_smollm2_agrees_with_the_chapters_reference_point():
+    """On SmolLM2 the ten most aligned rows are the chapter's ten nearest the reserved tokens."""
+    import numpy as np
+    import torch
+
+    from llmbook.inference.ggml_quants import dequantize
+    from llmbook.inference.gguf import smollm2_path
+    from llmbook.inference.gguf_file import read_gguf
+    from llmbook.text.embedding import nearest_rows
+
+    embd = read_gguf(smollm2_path()).tensors["token_embd.weight"]
+    E = torch.from_numpy(np.ascontiguousarray(dequantize(embd.data, embd.qtype, embd.shape)))
+    reserved, controls = list(range(7, 17)), list(range(17))
+    ids, cos = sol.cosine_to_reference(E, reserved, 10, exclude=controls)
+    near = nearest_rows(E, 10, centre=E[reserved].mean(0), exclude=controls)[0].tolist()
+    assert set(ids) == set(near) and 36744 in ids and min(cos) > 0.99

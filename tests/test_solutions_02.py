@@ -96,3 +96,26 @@ def test_exercise_4_tied_grad_by_hand_matches_autograd():
     (0.5 * (((torch.tanh(E_in[ids] @ A) @ E_out.T) - y) ** 2).sum() / N).backward()
     assert torch.allclose(ours, E_in.grad + E_out.grad, rtol=0, atol=1e-14)
     assert (ours - E_in.grad).abs().max() > 1e-3 and (ours - E_out.grad).abs().max() > 1e-3
+
+
+def test_exercise_5_remove_top_directions():
+    g = torch.Generator().manual_seed(5)
+    E = torch.randn(60, 9, generator=g, dtype=torch.float64) + 3.0  # (V, d): a shared offset
+    centred = E - E.mean(0)
+    # the principal directions from the covariance's eigenvectors: another route than the SVD
+    evals, evecs = torch.linalg.eigh(centred.T @ centred)  # ascending
+    for k in (0, 1, 3):
+        R = solutions.remove_top_directions(E, k)
+        assert R.shape == E.shape
+        top = evecs[:, evals.argsort(descending=True)[:k]]  # (d, k)
+        assert torch.allclose(R @ top, torch.zeros(60, k, dtype=torch.float64), atol=1e-9)
+        # the squared length removed is the sum of the k largest eigenvalues
+        removed = centred.pow(2).sum() - R.pow(2).sum()
+        assert removed.item() == pytest.approx(evals.sort(descending=True).values[:k].sum().item(), rel=1e-10,
+                                               abs=1e-9)
+    assert torch.allclose(solutions.remove_top_directions(E, 0).mean(0), torch.zeros(9, dtype=torch.float64),
+                          atol=1e-12)
+    with pytest.raises(ValueError, match="k must be an int"):
+        solutions.remove_top_directions(E, 10)
+    with pytest.raises(ValueError, match="floating"):
+        solutions.remove_top_directions(E.long(), 1)

@@ -9,9 +9,10 @@ import torch
 from solution_loader import load_solutions
 
 from llmbook.text.data import MarkovSource, default_source
+from llmbook.text.functional import cross_entropy
 from llmbook.training.optim import AdamW
 from llmbook.training.pretrained import RECIPES, book_model
-from llmbook.training.train import get_batch, param_groups, train_step
+from llmbook.training.train import get_batch, param_groups, train_step, z_loss
 from llmbook.transformer.model import TransformerConfig, TransformerLM
 
 solutions = load_solutions("10_training")
@@ -115,3 +116,25 @@ def test_book_block_in_16_bit_against_korthikanti():
     theirs = int(solutions.korthikanti_activation_bytes()["total"].subs(shape))
     assert ours == 2 * 1024 * 768 * 32 + 2 * 12 * 1024**2 * 2 + 4 * 1024 + 1024**2 + 12 * 1024
     assert 1.0 < ours / theirs < 1.5
+
+
+def test_z_loss_gradient_and_zero_shift():
+    g = torch.Generator().manual_seed(0)
+    logits = 4 * torch.randn(3, 5, 7, generator=g, dtype=torch.float64)  # B != T != V
+    targets = torch.randint(0, 7, (3, 5), generator=g)
+    x = logits.clone().requires_grad_(True)
+    z_loss(x).backward()
+    grad = solutions.z_loss_gradient(logits)
+    assert torch.allclose(grad, x.grad, atol=1e-14, rtol=0)
+    # summed over the vocabulary: 2 log Z / n per position (a bias shared by all logits)
+    assert torch.allclose(grad.sum(-1), 2 * torch.logsumexp(logits, -1) / 15, atol=1e-14, rtol=0)
+    c = solutions.logit_shift_for_zero_z(logits)
+    assert c.shape == (3, 5)
+    shifted = logits + c[..., None]
+    assert float(z_loss(shifted)) < 1e-28
+    assert abs(float(cross_entropy(shifted, targets) - cross_entropy(logits, targets))) < 1e-13
+    assert float(z_loss(logits)) > 1.0
+    with pytest.raises(TypeError, match="logits"):
+        solutions.z_loss_gradient(torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="empty"):
+        solutions.logit_shift_for_zero_z(torch.zeros(2, 0))

@@ -1,5 +1,7 @@
 """Tests for llmbook.training.train: batches, token files, the config, evaluation, the loop, exact resume."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -19,6 +21,7 @@ from llmbook.training.train import (
     save_tokens,
     train,
     train_step,
+    z_loss,
 )
 from llmbook.transformer.model import TransformerConfig, TransformerLM
 
@@ -194,6 +197,102 @@ def test_train_step_loss_is_cross_entropy_and_clips(data):
     assert total <= 1e-3 * (1 + 1e-5)
     assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert opt.param_groups[0]["lr"] == 1e-3
+
+
+def test_train_step_bf16_autocast_is_torch_autocast_with_float32_loss(data):
+    """The peer: the same forward under torch.autocast, with F.cross_entropy (autocast's float32 loss)."""
+    from llmbook.training.optim import AdamW
+
+    model, ref = tiny_model(), tiny_model()
+    x, y = get_batch(data[0], 5, T, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits16 = ref(x)
+        expected = F.cross_entropy(logits16.reshape(-1, V), y.reshape(-1))
+    assert logits16.dtype == torch.bfloat16 and expected.dtype == torch.float32
+    with torch.no_grad():
+        full = F.cross_entropy(ref(x).reshape(-1, V), y.reshape(-1))
+    opt = AdamW(param_groups(model, 0.1), lr=1e-3)
+    loss, _ = train_step(model, opt, x, y, lr=1e-3, grad_clip=1.0, autocast_dtype=torch.bfloat16)
+    assert loss.dtype == torch.float32
+    assert abs(loss.item() - expected.item()) < 1e-6  # the same bf16 logits, the loss in float32
+    assert abs(loss.item() - full.item()) > 1e-6  # and not the float32 forward
+    assert abs(loss.item() - full.item()) < 2.0**-6 * full.item()  # but within a few bf16 ulps of it
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
+    assert all(v.dtype == torch.float32 for st_ in opt.state.values() for v in st_.values() if v.ndim)
+
+
+def test_train_bf16_autocast_runs_close_to_float32(data):
+    config = tiny_config(steps=12, eval_every=None)
+    a, b = tiny_model(), tiny_model()
+    ha = train(a, data[0], None, config)
+    hb = train(b, data[0], None, config, autocast_dtype=torch.bfloat16)
+    diffs = np.abs(np.array(ha.train_loss) - np.array(hb.train_loss))
+    assert 0 < diffs.max() < 0.05
+    with pytest.raises(ValueError, match="autocast_dtype"):
+        train(tiny_model(), data[0], None, config, autocast_dtype=torch.float64)
+    with pytest.raises(ValueError, match="autocast_dtype"):
+        train_step(a, torch.optim.SGD(a.parameters(), lr=0.1), *get_batch(data[0], 2, T), lr=0.1,
+                   autocast_dtype="bfloat16")
+
+
+def test_z_loss_worked_example_peers_and_gradient():
+    from transformers.models.switch_transformers.modeling_switch_transformers import (
+        router_z_loss_func,
+    )
+
+    from llmbook.scale.moe import router_z_loss
+
+    z = torch.zeros(2, 3, 4, dtype=torch.float64)  # log Z = log 4 everywhere
+    assert float(z_loss(z)) == pytest.approx(math.log(4) ** 2, abs=1e-15)
+    z = torch.tensor([[[0.0, math.log(3.0)]]], dtype=torch.float64)  # Z = 4
+    assert float(z_loss(z)) == pytest.approx(math.log(4) ** 2, abs=1e-15)
+    g = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(3, 5, 7, generator=g, dtype=torch.float64)  # B != T != V
+    assert torch.allclose(z_loss(logits), router_z_loss_func(logits), atol=1e-14, rtol=0)
+    assert torch.allclose(z_loss(logits), router_z_loss(logits.reshape(-1, 7)), atol=1e-14, rtol=0)
+    # gradient: 2 log Z softmax(z) / n, and torch's float64 finite differences
+    x = logits.clone().requires_grad_(True)
+    z_loss(x).backward()
+    expected = 2 * torch.logsumexp(logits, -1, keepdim=True) * torch.softmax(logits, -1) / 15
+    assert torch.allclose(x.grad, expected, atol=1e-14, rtol=0)
+    assert torch.autograd.gradcheck(z_loss, (logits.clone().requires_grad_(True),))
+    # shift: adding c to every logit changes log Z by c; c = -log Z makes it 0
+    assert float(z_loss(logits - torch.logsumexp(logits, -1, keepdim=True))) < 1e-28
+
+
+@given(st.integers(1, 4), st.integers(1, 6), st.integers(2, 9), st.integers(0, 10_000))
+@settings(max_examples=25, deadline=None)
+def test_z_loss_ignores_masked_positions(b, t, v, seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(b, t, v, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, v, (b, t), generator=g)
+    targets[0, 0] = -100
+    keep = targets != -100
+    if keep.any():
+        assert torch.allclose(z_loss(logits, targets), z_loss(logits[keep]), atol=1e-14, rtol=0)
+    assert float(z_loss(logits)) >= 0
+
+
+def test_z_loss_bad_input_and_train_option(data):
+    with pytest.raises(TypeError, match="logits"):
+        z_loss(torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="targets"):
+        z_loss(torch.zeros(2, 3, 4), torch.zeros(3, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="ignore_index"):
+        z_loss(torch.zeros(2, 4), torch.full((2,), -100))
+    with pytest.raises(ValueError, match="z_loss_weight"):
+        train(tiny_model(), data[0], None, tiny_config(eval_every=None), z_loss_weight=-1.0)
+    # the option pulls log Z towards 0 and leaves the logged loss the cross-entropy
+    config = tiny_config(steps=12, eval_every=None)
+    a, b = tiny_model(), tiny_model()
+    ha = train(a, data[0], None, config)
+    hb = train(b, data[0], None, config, z_loss_weight=0.5)
+    assert ha.train_loss[0] == hb.train_loss[0]  # the same first forward
+    x, _ = get_batch(data[0], 8, T, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        lz_a = torch.logsumexp(a(x), -1).pow(2).mean()
+        lz_b = torch.logsumexp(b(x), -1).pow(2).mean()
+    assert lz_b < lz_a
 
 
 def test_evaluate_matches_manual_and_restores_mode(data):

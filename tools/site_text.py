@@ -314,6 +314,23 @@ CITATIONS: dict[str, str] = {
     # chapter 24b, interpretability on the real model
     "Geva et al. 2021": "geva2021", "Meng et al. 2022": "meng2022rome",
     "Xiao et al. 2024": "xiao2024sinks", "Elhage et al. 2022": "elhage2022superposition",
+    # issue 27, chapter 13
+    "Kwon et al. 2023": "kwon2023",
+    # issue 27, chapter 15
+    "Micikevicius et al. 2022": "micikevicius2022", "Rouhani et al. 2023": "rouhani2023mx",
+    "Ashkboos et al. 2024": "ashkboos2024quarot",
+    # issue 27, chapter 11
+    "Muennighoff et al. 2023": "muennighoff2023", "Sardana et al. 2024": "sardana2024",
+    # issue 27, chapter 07
+    "Yang et al. 2025": "yang2025qwen3", "OLMo et al. 2024": "olmo2024olmo2",
+    # issue 27, chapter 04
+    "Riviere et al. 2024": "riviere2024gemma2",
+    # issue 27, chapter 01
+    "Land & Bartolo 2024": "land2024magikarp",
+    # issue 27, chapter 02
+    "Gao et al. 2019": "gao2019degeneration",
+    # issue 27, chapter 12
+    "Yang et al. 2023": "yang2023reference",
 }
 
 #: (chapter, name as in :data:`CITATIONS`) -> key, for names two papers share: LLaMA and

@@ -8,8 +8,10 @@ Chapter → module → what it defines:
   ``sample_next``, ``stream`` and ``generate`` (stop tokens, streaming), ``sample_text``,
   ``IncrementalDecoder`` (streamed ids to whole characters), ``repeated_ngram_fraction``,
   ``beam_search``, ``speculative_generate`` (with KV caches for target and draft),
-  ``early_exit_draft``; :mod:`~llmbook.inference.kvcache`: ``KVCache`` (it implements the
-  model's ``AttentionCache`` interface) and ``kv_cache_bytes``.
+  ``early_exit_draft``, ``PromptLookupDraft``, ``speculative_speedup``;
+  :mod:`~llmbook.inference.kvcache`: ``KVCache`` (it implements the model's
+  ``AttentionCache`` interface) and ``kv_cache_bytes``; ``PagePool`` and
+  ``PagedKVCache`` (pages, block tables, prefix caching) are chapter 13's.
 * 12b Multi-token prediction → :mod:`~llmbook.inference.mtp_decode`: self-speculative
   decoding with the extra heads of :mod:`llmbook.training.mtp`
   (``self_speculative_generate``, ``self_speculative_batch``), the exact distribution of
@@ -28,7 +30,11 @@ Chapter → module → what it defines:
   :mod:`~llmbook.inference.flash_triton`: the Triton kernels.
 * 15 Quantisation → :mod:`~llmbook.inference.quant`: absmax, zero-point and NF4
   quantisation, ``int8_matmul``, ``QuantLinear``; :mod:`~llmbook.inference.gptq`:
-  ``gptq_quantize``, ``awq_scale_search``, ``quantize_model``; GGUF, the file format of
+  ``gptq_quantize``, ``awq_scale_search``, ``quantize_model``;
+  :mod:`~llmbook.inference.minifloat`: FP8 (E4M3, E5M2) and FP4 (E2M1) grids,
+  ``round_to_float`` (equal to torch's float8 casts) and MX block scaling
+  (``quantize_mx``, ggml's MXFP4); :mod:`~llmbook.inference.rotation`: Hadamard
+  rotations (QuaRot: ``hadamard``, ``hadamard_rotate``) and ``kurtosis``; GGUF, the file format of
   ggml and llama.cpp: :mod:`~llmbook.inference.gguf_file` (``read_gguf``),
   :mod:`~llmbook.inference.ggml_quants` (``dequantize`` and ``quantize`` for its block
   formats, bits per weight derived), :mod:`~llmbook.inference.ggml_kquants` (the Q4_K, Q5_K

@@ -4,8 +4,8 @@ Chapter → module → what it defines:
 
 * 8 Backpropagation → :mod:`~llmbook.training.backprop`: hand-derived backward passes
   (linear, softmax, cross-entropy, LayerNorm, GELU, attention);
-  :mod:`~llmbook.training.autograd`: a scalar autograd engine (``Value``) and
-  ``gradcheck``.
+  :mod:`~llmbook.training.autograd`: a scalar autograd engine (``Value``),
+  ``numeric_gradient`` (central differences, no autograd) and ``gradcheck``.
 * 9 Optimisers → :mod:`~llmbook.training.optim`: ``SGD``, ``Adam``, ``AdamW``,
   ``cosine_schedule``, ``clip_grad_norm_``.
 * 10 Training a small language model → :mod:`~llmbook.training.train`: ``get_batch``,
@@ -34,8 +34,9 @@ Chapter → module → what it defines:
   ``epochs_per_source``, ``sample_sources``, ``train_on_mixture``, ``book_sources``,
   ``mixing_law``, ``fit_mixing_law``, ``PUBLISHED_MIXTURES``.
 * 11 Scaling laws → :mod:`~llmbook.training.scaling`: ``fit_power_law``,
-  ``chinchilla_loss``, ``compute_optimal``, ``fit_isoflop_parabola``, ``isoflop_sweep``;
-  :mod:`~llmbook.training.emergence`: a fact-recall sweep with several-token answers,
+  ``chinchilla_loss``, ``compute_optimal``, ``fit_isoflop_parabola``, ``isoflop_sweep``,
+  ``predict_power_law``, ``size_sweep``, ``counted_training_flops``, ``effective_data``,
+  ``inference_optimal``; :mod:`~llmbook.training.emergence`: a fact-recall sweep with several-token answers,
   per-token accuracy against exact match (``exact_match_from_per_token``,
   ``token_edit_distance``), ``PUBLISHED_RUNS``.
 * 12b Multi-token prediction (its models and loss; the decoding is in Part IV) →

@@ -10,6 +10,11 @@ Introduced in notebooks/10_training. The pieces, in the order a run uses them:
 * :class:`TrainConfig`: the run's hyperparameters, checked when it is built;
 * :func:`param_groups`: AdamW with weight decay on the weight matrices only;
 * :func:`train_step`: one update: forward, cross-entropy (nats), backward, clipping, step;
+  with ``autocast_dtype=torch.bfloat16`` the forward runs under ``torch.autocast`` (mixed
+  precision, Micikevicius et al. (2018); the weights and the optimiser stay float32) and
+  the loss is computed in float32;
+* :func:`z_loss`: PaLM's auxiliary loss (log Z)^2 on the softmax normaliser (Chowdhery et
+  al., 2022), an option of :func:`train_step` and :func:`train` (``z_loss_weight``);
 * :func:`evaluate`: the mean validation cross-entropy, without gradients;
 * :func:`train`: the loop, with the warmup + cosine schedule of chapter 9, logging,
   periodic checkpoints (:mod:`llmbook.training.checkpoint`) and exact resumption.
@@ -55,6 +60,7 @@ __all__ = [
     "save_tokens",
     "train",
     "train_step",
+    "z_loss",
 ]
 
 TokenArray = np.ndarray | Tensor
@@ -288,19 +294,79 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
             {"params": no_decay, "weight_decay": 0.0}]
 
 
+def z_loss(logits: Tensor, targets: Tensor | None = None, ignore_index: int = -100) -> Tensor:
+    """PaLM's z-loss (Chowdhery et al., 2022, section 5): the mean of (log Z)^2 over positions.
+
+    ``logits`` (..., V) -> scalar, with log Z = logsumexp(z) the log of the softmax's
+    normaliser at each position. The cross-entropy does not change when a constant is added
+    to all logits of a position; this penalty does, and pulls log Z towards 0, so that
+    log softmax(z) = z - log Z stays near z (PaLM adds it with weight 1e-4 for stability).
+    Its gradient at one position is 2 log Z softmax(z) / n. With ``targets`` ((...), the
+    leading shape of ``logits``) positions whose target is ``ignore_index`` do not count,
+    as in :func:`llmbook.text.functional.cross_entropy`. The same penalty on router logits
+    is ST-MoE's router z-loss (:func:`llmbook.scale.moe.router_z_loss`).
+    """
+    if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.ndim < 1:
+        raise TypeError(f"logits must be a floating tensor of shape (..., V), got {logits!r:.60}")
+    if logits.shape[-1] == 0:
+        raise ValueError("logits has an empty vocabulary axis (V = 0)")
+    log_z = torch.logsumexp(logits, dim=-1)  # (...)
+    if targets is None:
+        if log_z.numel() == 0:
+            raise ValueError("logits has no positions")
+        return log_z.pow(2).mean()
+    if not isinstance(targets, Tensor) or targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets must be a tensor of shape {tuple(logits.shape[:-1])}, got "
+                         f"{getattr(targets, 'shape', type(targets).__name__)}")
+    keep = targets != ignore_index  # (...)
+    if not bool(keep.any()):
+        raise ValueError(f"no position to average over: every target is ignore_index = {ignore_index}")
+    return log_z[keep].pow(2).mean()
+
+
+_AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _check_autocast_dtype(autocast_dtype: object) -> torch.dtype | None:
+    if autocast_dtype is not None and autocast_dtype not in _AUTOCAST_DTYPES:
+        raise ValueError(f"autocast_dtype must be None, torch.bfloat16 or torch.float16, "
+                         f"got autocast_dtype={autocast_dtype!r}")
+    return autocast_dtype  # type: ignore[return-value]
+
+
 def train_step(model: nn.Module, optimizer: Optimizer, x: Tensor, y: Tensor, lr: float,
-               grad_clip: float | None = None) -> tuple[Tensor, Tensor | None]:
+               grad_clip: float | None = None, autocast_dtype: torch.dtype | None = None,
+               z_loss_weight: float = 0.0) -> tuple[Tensor, Tensor | None]:
     """One update on the batch ``x, y`` (both ``(B, T)``); returns (loss, gradient norm).
 
     The loss is the mean cross-entropy -log softmax(z)[y] over all B * T positions, in
     nats, computed by the book's :func:`llmbook.text.functional.cross_entropy` (chapter 3);
     the norm is the global gradient norm before clipping (None without clipping).
+
+    ``autocast_dtype`` (``torch.bfloat16`` or ``torch.float16``) runs the forward pass under
+    ``torch.autocast`` on ``x``'s device: the matrix products run in 16 bits, the
+    parameters, their gradients and the optimiser's state stay in the model's dtype (the
+    float32 "master weights" of Micikevicius et al., 2018). The logits (``(B, T, V)``,
+    16-bit) are cast to float32 before the loss, because autocast on the CPU leaves
+    ``log_softmax`` in 16 bits. A float16 run may need loss scaling
+    (:class:`llmbook.training.memory.DynamicLossScaler`); bfloat16 has float32's range.
+
+    ``z_loss_weight`` > 0 adds that multiple of :func:`z_loss` to the loss that is
+    differentiated; the returned loss is the cross-entropy alone, so that runs with and
+    without it log comparable numbers.
     """
+    autocast_dtype = _check_autocast_dtype(autocast_dtype)
+    z_loss_weight = _check_real("z_loss_weight", z_loss_weight)
     set_lr(optimizer, lr)
-    logits = model(x)  # (B, T, V)
+    if autocast_dtype is None:
+        logits = model(x)  # (B, T, V)
+    else:
+        with torch.autocast(device_type=x.device.type, dtype=autocast_dtype):
+            logits = model(x).float()  # (B, T, V) 16-bit products, the loss in float32
     loss = cross_entropy(logits, y)  # () mean over B * T positions
+    objective = loss + z_loss_weight * z_loss(logits, y) if z_loss_weight else loss
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    objective.backward()
     norm = clip_grad_norm_(model.parameters(), grad_clip) if grad_clip is not None else None
     optimizer.step()
     return loss.detach(), norm
@@ -350,7 +416,7 @@ def _log_line(step: int, total: int, loss: float, lr: float, val: float | None) 
 def train(model: nn.Module, train_tokens: TokenArray, val_tokens: TokenArray | None,
           config: TrainConfig, checkpoint_path: str | os.PathLike | None = None,
           resume: bool = False, progress: bool = False, stop_at: int | None = None,
-          ) -> TrainHistory:
+          autocast_dtype: torch.dtype | None = None, z_loss_weight: float = 0.0) -> TrainHistory:
     """Train ``model`` (ids (B, T) -> logits (B, T, V)) on ``train_tokens``; return its history.
 
     AdamW (:mod:`llmbook.training.optim`) with :func:`param_groups`, learning rate
@@ -367,6 +433,9 @@ def train(model: nn.Module, train_tokens: TokenArray, val_tokens: TokenArray | N
     that file (``FileNotFoundError`` if absent): the continued run is identical, bit for
     bit on the CPU, to one that was never interrupted. ``stop_at`` ends the loop after
     that many updates, as an interruption would (the schedule still runs to ``steps``).
+    ``autocast_dtype`` (mixed precision) and ``z_loss_weight`` are passed to
+    :func:`train_step`; they are not part of the config (the shipped models' recipes do not
+    change), and validation runs in the model's own dtype, on the cross-entropy alone.
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -379,6 +448,8 @@ def train(model: nn.Module, train_tokens: TokenArray, val_tokens: TokenArray | N
                          f"validation data ({_check_tokens(val_tokens)} tokens)")
     if stop_at is not None:
         _positive_int("stop_at", stop_at)
+    autocast_dtype = _check_autocast_dtype(autocast_dtype)
+    z_loss_weight = _check_real("z_loss_weight", z_loss_weight)
     if resume and checkpoint_path is None:
         raise ValueError("resume=True needs a checkpoint_path to resume from")
     c = config
@@ -416,7 +487,7 @@ def train(model: nn.Module, train_tokens: TokenArray, val_tokens: TokenArray | N
                 else None
             lr = cosine_schedule(step, c.lr, c.min_lr, c.warmup_steps, c.steps)
             x, y = get_batch(train_tokens, c.batch_size, c.context_length, device, batches)
-            loss, _ = train_step(model, optimizer, x, y, lr, c.grad_clip)
+            loss, _ = train_step(model, optimizer, x, y, lr, c.grad_clip, autocast_dtype, z_loss_weight)
             history.steps.append(step)
             history.train_loss.append(float(loss))
             history.lr.append(lr)

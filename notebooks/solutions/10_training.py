@@ -150,6 +150,28 @@ def book_block_bytes_16bit() -> sp.Expr:
     return sp.expand((2 * count["floats"] + count["mask bytes"]).subs(f, 4 * h))
 
 
+# ---------------------------------------------------------------- exercise 6
+
+
+def z_loss_gradient(logits: Tensor) -> Tensor:
+    """Exercise 6: the gradient of ``z_loss(logits)``, 2 log Z softmax(z) / n, (..., V) -> (..., V)."""
+    if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.ndim < 1:
+        raise TypeError("logits must be a floating tensor of shape (..., V)")
+    n = logits[..., 0].numel()
+    if n == 0 or logits.shape[-1] == 0:
+        raise ValueError("logits has no positions or an empty vocabulary axis")
+    return 2 * torch.logsumexp(logits, -1, keepdim=True) * torch.softmax(logits, -1) / n
+
+
+def logit_shift_for_zero_z(logits: Tensor) -> Tensor:
+    """Exercise 6: the shift c = -log Z per position (shape (...)) that makes the z-loss 0."""
+    if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.ndim < 1:
+        raise TypeError("logits must be a floating tensor of shape (..., V)")
+    if logits.shape[-1] == 0:
+        raise ValueError("logits has an empty vocabulary axis")
+    return -torch.logsumexp(logits, -1)
+
+
 if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
     from llmbook.nbtools import run_solution_tests
 
