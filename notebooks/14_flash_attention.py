@@ -21,7 +21,9 @@
 #    implemented as FlashAttention-2's Algorithm 2;
 # 5. the forward and backward as Triton kernels, run here on the CPU by the Triton
 #    interpreter and checked against naive attention to $10^{-5}$; timed on a GPU by
-#    `benchmarks/flash.py` against PyTorch's own fused attention.
+#    `benchmarks/flash.py` against PyTorch's own fused attention;
+# 6. masks as functions (causal, sliding window, packed documents) with the tiles they hide
+#    skipped, checked against PyTorch's `flex_attention`, and split-KV decoding.
 
 # %%
 import os
@@ -29,6 +31,7 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"  # run the Triton kernels on the CPU; set before triton loads
 
 import json
+import warnings
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -39,18 +42,24 @@ import torch.nn.functional as F
 from IPython.display import display
 
 from llmbook.inference import flash_triton
+from llmbook.inference.attention_variants import sliding_window_mask
 from llmbook.inference.flash import (
     FlashAttentionReferenceFunction,
     attention_arithmetic_intensity,
     attention_hbm_accesses,
+    causal_mask_mod,
+    document_mask_mod,
     flash_attention_backward_reference,
+    flash_attention_masked,
     flash_attention_reference,
     flash_attention_tiled,
     flash_attention_triton,
     merge_softmax_states,
     online_softmax,
     peak_memory_bytes,
+    sliding_window_mask_mod,
     softmax_state,
+    split_kv_attention,
 )
 from llmbook.nbtools import Checks, Formula, save_figure, seed_everything, show_source
 from llmbook.transformer.attention import causal_mask, scaled_dot_product_attention
@@ -664,6 +673,131 @@ for r in gpu_results:
     plt.show()
 
 # %% [markdown]
+# ## 14.8 Masks as functions: FlexAttention, and split-KV decoding
+#
+# Causal is one mask among several that models use today: a sliding window of the $w$ most
+# recent keys (Mistral, Jiang et al., 2023), and, when several documents are packed into one
+# training sequence, a *document mask* that lets a token see only the earlier tokens of its
+# own document. PyTorch's `torch.nn.attention.flex_attention` (Dong et al., 2024) takes any
+# such mask as a function `mask_mod(b, h, q_idx, kv_idx)` that returns True where a query
+# may see a key, and turns it into a `BlockMask`: for every tile of the score matrix, whether
+# the mask hides it entirely (skip it), shows it entirely (no masking needed) or cuts
+# through it (mask it). `flash_attention_masked` does the same in the tiled loop of 14.3,
+# deciding each tile from the mask before computing a single score. The three masks, as
+# functions of positions:
+
+# %%
+display(show_source(sliding_window_mask_mod))
+show_source(document_mask_mod)
+
+# %% [markdown]
+# Here `flex_attention` runs eagerly on the CPU: without `torch.compile` it forms the whole
+# score matrix, so it is a peer for the *values* and for the block classification, not for
+# speed. $T = 128$, tiles of $16 \times 16$ (an $8 \times 8$ grid of 64 tiles), a window of
+# 24 and three documents of 40, 57 and 31 tokens; float32, tolerance $10^{-5}$ as in 14.3:
+
+# %%
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+T_flex, block, window = 128, 16, 24
+doc_ids = torch.repeat_interleave(torch.arange(3), torch.tensor([40, 57, 31]))  # packed documents
+masks = {"causal": causal_mask_mod(), f"window w={window}": sliding_window_mask_mod(window),
+         "documents 40+57+31": document_mask_mod(doc_ids)}
+q, k, v = (torch.randn(1, 2, T_flex, 32, generator=g) for _ in range(3))
+checks = Checks("masked tiled attention vs flex_attention, float32")
+print(f"{'mask':>20s}{'full':>6s}{'partial':>9s}{'skipped':>9s}{'flex sparsity':>15s}")
+for name, mask_mod in masks.items():
+    blocks = {}
+    ours = flash_attention_masked(q, k, v, mask_mod, block_q=block, block_k=block, blocks=blocks)
+    block_mask = create_block_mask(mask_mod, None, None, T_flex, T_flex, device="cpu",
+                                   BLOCK_SIZE=block)
+    checks.close(f"{name}: output", flex_attention(q, k, v, block_mask=block_mask), ours, tol=1e-5)
+    checks.equal(f"{name}: partial tiles = BlockMask.kv_num_blocks",
+                 int(block_mask.kv_num_blocks.sum()), blocks["partial"])
+    checks.equal(f"{name}: full tiles = BlockMask.full_kv_num_blocks",
+                 int(block_mask.full_kv_num_blocks.sum()), blocks["full"])
+    print(f"{name:>20s}{blocks['full']:6d}{blocks['partial']:9d}{blocks['skipped']:9d}"
+          f"{block_mask.sparsity():14.1f}%")
+checks
+
+# %% [markdown]
+# Both count the same tiles, and `BlockMask.sparsity()` is the skipped share: 28, 43 and 42
+# of the 64 tiles are never computed. The sliding window has no full tile at all, because a
+# window of 24 is not a multiple of 16 and so cuts through every tile it touches. Two
+# checks that do not go through either mask function: with the document mask, the output
+# must equal each document attended as a causal sequence of its own (the reason packing
+# with document masks is exact); with the window, it must equal PyTorch's SDPA under the
+# boolean mask that `attention_variants.sliding_window_mask` builds from its own formula
+# (float64):
+
+# %%
+q64, k64, v64 = (t.double() for t in (q, k, v))
+separate = torch.cat([F.scaled_dot_product_attention(q64[..., a:b, :], k64[..., a:b, :],
+                                                     v64[..., a:b, :], is_causal=True)
+                      for a, b in ((0, 40), (40, 97), (97, 128))], dim=-2)
+dense_window = sliding_window_mask(T_flex, T_flex, window)  # (T, T) booleans
+checks = Checks("masked tiled attention vs independent constructions, float64")
+checks.close("documents = each document as its own causal sequence", separate,
+             flash_attention_masked(q64, k64, v64, masks["documents 40+57+31"], 16, 16), tol=1e-12)
+checks.close("window = SDPA under sliding_window_mask",
+             F.scaled_dot_product_attention(q64, k64, v64, attn_mask=dense_window),
+             flash_attention_masked(q64, k64, v64, masks[f"window w={window}"], 16, 16), tol=1e-12)
+checks
+
+# %% [markdown]
+# How the computed tiles grow with $T$ follows from the geometry, before any run: with
+# $n = T/16$ query blocks, causal attention computes the $n(n+1)/2$ tiles on and below the
+# diagonal. With $w = 24$, the query block $[i_0, i_0 + 16)$ sees keys from $i_0 - 23$ to
+# $i_0 + 15$, which meet its own key block and the two to its left, so $3n$ tiles less the
+# three that would lie left of the first key block: $3n - 3$, linear in $T$.
+
+# %%
+checks = Checks("computed tiles (full + partial) against the counts derived above")
+print(f"{'T':>6s}{'causal':>8s}{'window':>8s}")
+for T in (128, 256, 512):
+    x = torch.randn(1, T, 4, generator=g)
+    computed = []
+    for mask_mod in (causal_mask_mod(), sliding_window_mask_mod(window)):
+        blocks = {}
+        flash_attention_masked(x, x, x, mask_mod, block_q=16, block_k=16, blocks=blocks)
+        computed.append(blocks["full"] + blocks["partial"])
+    n = T // 16
+    checks.equal(f"T={T}: causal = n(n+1)/2", n * (n + 1) // 2, computed[0])
+    checks.equal(f"T={T}: window = 3n - 3", 3 * n - 3, computed[1])
+    print(f"{T:6d}{computed[0]:8d}{computed[1]:8d}")
+checks
+
+# %% [markdown]
+# ### Split-KV decoding
+#
+# At decoding time there is one query per sequence and head, so the tiled forward has a
+# single query block: one program on a GPU with a hundred or more multiprocessors, walking
+# alone over a long KV cache. Flash-Decoding (Dao et al., 2023) splits the *keys* into
+# chunks, lets a separate program attend to each, and combines the partial results. Each
+# chunk returns its normalised output $O_c$ and its log-sum-exp $L_c$; such a pair is the
+# online-softmax state $(m, \ell, o) = (L_c, 1, O_c)$, so the merge rule of 14.2 combines
+# them exactly, $L = \log\sum_c e^{L_c}$ and $O = \sum_c e^{L_c - L} O_c$ (exercise 1 derives
+# the same formula directly).
+
+# %%
+show_source(split_kv_attention)
+
+# %% [markdown]
+# One query per head, four heads, a cache of 4096 keys, in float64 against PyTorch's SDPA:
+
+# %%
+q1 = torch.randn(1, 4, 1, 64, generator=g, dtype=torch.float64)
+k_cache, v_cache = (torch.randn(1, 4, 4096, 64, generator=g, dtype=torch.float64)
+                    for _ in range(2))
+exact = F.scaled_dot_product_attention(q1, k_cache, v_cache)
+checks = Checks("split-KV vs torch SDPA, float64")
+for n_splits in (1, 4, 16, 128):
+    checks.close(f"{n_splits} chunks", exact, split_kv_attention(q1, k_cache, v_cache, n_splits),
+                 tol=1e-12)
+checks
+
+# %% [markdown]
 # ## Summary
 #
 # * Standard attention writes the $T \times T$ scores and probabilities to HBM and reads them
@@ -686,6 +820,12 @@ for r in gpu_results:
 #   the forward and backward join in one `autograd.Function` that keeps no $T^2$ tensor.
 # * The same algorithm as Triton kernels agrees with naive attention and PyTorch's SDPA to
 #   $10^{-5}$ in float32 and to PyTorch's own error in 16 bits.
+# * A mask given as a function of positions (causal, sliding window, packed documents)
+#   classifies every tile as skipped, full or partial before any score is computed; the
+#   tiled loop that skips the hidden tiles agrees with `flex_attention` and counts the same
+#   tiles as its `BlockMask`. A fixed window makes the computed tiles grow linearly in $T$.
+# * Split-KV decoding attends to chunks of the cache independently and merges their
+#   $(L_c, O_c)$ with the online-softmax rule; the result is exact.
 #
 # ## Exercises
 #
@@ -711,3 +851,9 @@ for r in gpu_results:
 #    that skips every tile lying entirely outside the window, returns the output and the
 #    number of tiles visited, and matches `F.scaled_dot_product_attention` with the
 #    equivalent boolean mask. How does the tile count grow with $T$ for a fixed window?
+# 5. (★★) **A prefix-LM mask.** Encoder-decoder style "prefix LM" training lets every token
+#    see the whole prompt of `prefix` tokens, in both directions, and the tokens after it
+#    causally. Write `prefix_lm_mask_mod(prefix)` in the `mask_mod` convention of 14.8, run it
+#    through `flash_attention_masked` and `flex_attention`, and check the output against
+#    SDPA with the equivalent boolean mask and the tile counts against the `BlockMask`. Which
+#    tiles above the diagonal are no longer skipped?

@@ -9,16 +9,22 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmbook.inference.attention_variants import sliding_window_mask
 from llmbook.inference.flash import (
     attention_arithmetic_intensity,
     attention_hbm_accesses,
+    causal_mask_mod,
+    document_mask_mod,
     flash_attention_backward_reference,
+    flash_attention_masked,
     flash_attention_reference,
     flash_attention_tiled,
     merge_softmax_states,
     online_softmax,
     peak_memory_bytes,
+    sliding_window_mask_mod,
     softmax_state,
+    split_kv_attention,
 )
 from llmbook.transformer.attention import scaled_dot_product_attention
 
@@ -387,3 +393,124 @@ def test_peak_memory_of_naive_is_quadratic_and_of_tiled_is_linear():
     assert peak_memory_bytes(scaled_dot_product_attention, q, k, v) == naive  # deterministic
     with pytest.raises(TypeError, match=r"callable"):
         peak_memory_bytes(3)
+
+
+# ---------------------------------------------------------------- masks as functions, block sparsity
+
+
+def _dense(mask_mod, T_q, T_k):
+    i, j = torch.arange(T_q)[:, None], torch.arange(T_k)[None, :]
+    return mask_mod(torch.tensor(0), torch.tensor(0), i, j).expand(T_q, T_k)
+
+
+def test_mask_mods_worked_examples():
+    assert torch.equal(_dense(causal_mask_mod(), 5, 7), torch.ones(5, 7, dtype=torch.bool).tril())
+    for T, w in ((9, 1), (9, 3), (12, 20)):
+        assert torch.equal(_dense(sliding_window_mask_mod(w), T, T), sliding_window_mask(T, T, w))
+    docs = torch.tensor([0, 0, 0, 1, 1])
+    expected = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0],
+                             [0, 0, 0, 1, 0], [0, 0, 0, 1, 1]], dtype=torch.bool)
+    assert torch.equal(_dense(document_mask_mod(docs), 5, 5), expected)
+
+
+def test_mask_mods_bad_input():
+    with pytest.raises(ValueError, match="window"):
+        sliding_window_mask_mod(0)
+    with pytest.raises(TypeError, match="doc_ids"):
+        document_mask_mod(torch.tensor([0.0, 1.0]))
+    with pytest.raises(TypeError, match="doc_ids"):
+        document_mask_mod([0, 1])
+    q = _randn(4, 8)
+    with pytest.raises(TypeError, match="mask_mod"):
+        flash_attention_masked(q, q, q, mask_mod=None)
+    with pytest.raises(ValueError, match="block_k"):
+        flash_attention_masked(q, q, q, causal_mask_mod(), block_k=0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(T_q=st.integers(1, 40), T_k=st.integers(1, 40), block_q=st.integers(1, 17),
+       block_k=st.integers(1, 17), window=st.integers(1, 45), kind=st.sampled_from(["causal", "window", "docs"]))
+def test_masked_flash_equals_sdpa_with_the_dense_mask(T_q, T_k, block_q, block_k, window, kind):
+    T = max(T_q, T_k)
+    docs = torch.arange(T) // (window % 7 + 2)  # documents of window % 7 + 2 tokens
+    mask_mod = {"causal": causal_mask_mod(), "window": sliding_window_mask_mod(window),
+                "docs": document_mask_mod(docs)}[kind]
+    q, k, v = _randn(2, T_q, 8, seed=1), _randn(2, T_k, 8, seed=2), _randn(2, T_k, 5, seed=3)
+    blocks = {}
+    out, lse = flash_attention_masked(q, k, v, mask_mod, block_q, block_k, return_lse=True,
+                                      blocks=blocks)
+    dense = _dense(mask_mod, T_q, T_k)
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(8)
+    s = s.masked_fill(~dense, float("-inf"))
+    seen = dense.any(-1)
+    expected = torch.where(seen[:, None], torch.softmax(s, -1).nan_to_num(0.0) @ v, 0.0)
+    assert _err(out, expected) < 1e-12
+    assert torch.equal(torch.isneginf(lse), ~seen.expand(2, T_q))
+    assert _err(lse[:, seen], torch.logsumexp(s, -1)[:, seen]) < 1e-12
+    tiles = [(dense[i0:i0 + block_q, j0:j0 + block_k]) for i0 in range(0, T_q, block_q)
+             for j0 in range(0, T_k, block_k)]
+    assert blocks == {"full": sum(bool(t.all()) for t in tiles),
+                      "skipped": sum(not bool(t.any()) for t in tiles),
+                      "partial": sum(bool(t.any()) and not bool(t.all()) for t in tiles)}
+
+
+def test_masked_flash_causal_worked_count_and_gradcheck():
+    q, k, v = (_randn(1, 64, 8, seed=i) for i in range(3))
+    blocks = {}
+    out = flash_attention_masked(q, k, v, causal_mask_mod(), 16, 16, blocks=blocks)
+    assert blocks == {"full": 6, "partial": 4, "skipped": 6}  # 4 x 4 tiles: below, on, above the diagonal
+    assert _err(out, F.scaled_dot_product_attention(q, k, v, is_causal=True)) < 1e-12
+    small = [_randn(1, 9, 4, seed=i, requires_grad=True) for i in range(3)]
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: flash_attention_masked(a, b, c, sliding_window_mask_mod(3), 4, 4), small)
+
+
+def _flex_peer(mask_mod, T, block):
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    return flex, flex.create_block_mask(mask_mod, None, None, T, T, device="cpu", BLOCK_SIZE=block)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("kind", ["causal", "window", "docs"])
+def test_masked_flash_equals_flex_attention_and_its_block_mask(kind):
+    T, block = 80, 16
+    docs = torch.tensor([0] * 21 + [1] * 40 + [2] * 19)
+    mask_mod = {"causal": causal_mask_mod(), "window": sliding_window_mask_mod(20),
+                "docs": document_mask_mod(docs)}[kind]
+    flex, block_mask = _flex_peer(mask_mod, T, block)
+    q, k, v = (_randn(1, 2, T, 16, seed=i, dtype=torch.float32) for i in range(3))
+    blocks = {}
+    ours = flash_attention_masked(q, k, v, mask_mod, block, block, blocks=blocks)
+    theirs = flex.flex_attention(q, k, v, block_mask=block_mask)
+    assert _err(ours, theirs) < 1e-5
+    assert blocks["partial"] == int(block_mask.kv_num_blocks.sum())
+    assert blocks["full"] == int(block_mask.full_kv_num_blocks.sum())
+    n_tiles = (T // block) ** 2
+    assert 100 * blocks["skipped"] / n_tiles == pytest.approx(block_mask.sparsity())
+
+
+# ---------------------------------------------------------------- split-KV
+
+
+@settings(max_examples=25, deadline=None)
+@given(T_q=st.integers(1, 4), T_k=st.integers(1, 60), data=st.data())
+def test_split_kv_equals_sdpa(T_q, T_k, data):
+    n_splits = data.draw(st.integers(1, T_k))
+    q, k, v = _randn(2, 3, T_q, 8, seed=4), _randn(2, 3, T_k, 8, seed=5), _randn(2, 3, T_k, 6, seed=6)
+    out, lse = split_kv_attention(q, k, v, n_splits, return_lse=True)
+    assert _err(out, F.scaled_dot_product_attention(q, k, v)) < 1e-12
+    assert _err(lse, torch.logsumexp(q @ k.transpose(-2, -1) / math.sqrt(8), -1)) < 1e-12
+
+
+def test_split_kv_worked_example_and_bad_input():
+    q = torch.zeros(1, 1, 2, dtype=F64)  # equal scores: the output is the mean of the values
+    k = torch.zeros(5, 2, dtype=F64)[None]
+    v = torch.arange(5, dtype=F64).reshape(1, 5, 1)
+    out, lse = split_kv_attention(q, k, v, 2, return_lse=True)
+    assert out.item() == pytest.approx(2.0) and lse.item() == pytest.approx(math.log(5))
+    with pytest.raises(ValueError, match="n_splits"):
+        split_kv_attention(q, k, v, 6)
+    with pytest.raises(ValueError, match="n_splits"):
+        split_kv_attention(q, k, v, 0)
+    with pytest.raises(ValueError, match="T_k"):
+        split_kv_attention(q, k[..., :3, :], v, 2)

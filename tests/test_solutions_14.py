@@ -64,3 +64,29 @@ def test_exercise_4_sliding_window_flash(T, window, block):
     assert tiles <= n_blocks * (n_blocks + 1) // 2
     if window <= block:
         assert tiles <= 2 * n_blocks  # the diagonal tile and at most one to its left
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("prefix", [0, 20, 37])
+def test_exercise_5_prefix_lm_mask_mod(prefix):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from llmbook.inference.flash import flash_attention_masked
+
+    T = 64
+    mask_mod = solutions.prefix_lm_mask_mod(prefix)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    dense = torch.ones(T, T, dtype=torch.bool).tril()
+    dense[:, :prefix] = True  # the prompt is seen by every query, in both directions
+    q, k, v = _randn(1, 2, T, 8, seed=9), _randn(1, 2, T, 8, seed=10), _randn(1, 2, T, 8, seed=11)
+    blocks = {}
+    out = flash_attention_masked(q, k, v, mask_mod, 16, 16, blocks=blocks)
+    assert torch.allclose(out, F.scaled_dot_product_attention(q, k, v, attn_mask=dense),
+                          atol=1e-12, rtol=0)
+    block_mask = create_block_mask(mask_mod, None, None, T, T, device="cpu", BLOCK_SIZE=16)
+    assert torch.allclose(flex_attention(q, k, v, block_mask=block_mask), out, atol=1e-12, rtol=0)
+    assert blocks["partial"] == int(block_mask.kv_num_blocks.sum())
+    assert blocks["full"] == int(block_mask.full_kv_num_blocks.sum())
+    assert torch.equal(mask_mod(torch.tensor(0), torch.tensor(0), i, j), dense)
+    with pytest.raises(ValueError, match="prefix"):
+        solutions.prefix_lm_mask_mod(-1)

@@ -30,6 +30,12 @@ Contents:
   (Dao, 2023, Algorithm 2) that recomputes P = exp(S - L) from L instead of storing it;
 * :class:`FlashAttentionReferenceFunction` and :func:`flash_attention_tiled` - the two joined
   into one ``autograd.Function``: differentiable attention that keeps no (T_q, T_k) matrix;
+* :func:`causal_mask_mod`, :func:`sliding_window_mask_mod` and :func:`document_mask_mod` -
+  masks as functions of positions, in the ``mask_mod`` convention of PyTorch's
+  ``torch.nn.attention.flex_attention``, and :func:`flash_attention_masked` - tiled attention
+  under such a mask that skips every tile the mask hides entirely (block sparsity);
+* :func:`split_kv_attention` - split-KV ("Flash-Decoding", Dao et al., 2023): the keys cut into
+  chunks attended independently, the partial outputs merged exactly by their log-sum-exp;
 * :func:`attention_hbm_accesses` - the IO counts of Dao et al.'s Theorem 2 for one head, and
   :func:`attention_arithmetic_intensity` - FLOPs per byte of the two, for a roofline;
 * :func:`peak_memory_bytes` - the peak of tensor memory allocated while a function runs;
@@ -54,15 +60,22 @@ __all__ = [
     "FlashAttentionReferenceFunction",
     "attention_arithmetic_intensity",
     "attention_hbm_accesses",
+    "causal_mask_mod",
+    "document_mask_mod",
     "flash_attention_backward_reference",
+    "flash_attention_masked",
     "flash_attention_reference",
     "flash_attention_tiled",
     "flash_attention_triton",
     "merge_softmax_states",
     "online_softmax",
     "peak_memory_bytes",
+    "sliding_window_mask_mod",
     "softmax_state",
+    "split_kv_attention",
 ]
+
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 State = tuple[Tensor, Tensor, Tensor | None]
 
@@ -197,6 +210,14 @@ def _causal_keep(i0: int, i1: int, j0: int, j1: int, device: torch.device) -> Te
     return j <= i
 
 
+def _empty_state(q_i: Tensor, d_v: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The identity state (-inf, 0, 0) for a block of queries q_i (..., Bq, d_k): m, l (..., Bq)
+    and o (..., Bq, d_v)."""
+    m = torch.full(q_i.shape[:-1], float("-inf"), dtype=q_i.dtype, device=q_i.device)
+    return m, torch.zeros_like(m), torch.zeros(*q_i.shape[:-1], d_v, dtype=q_i.dtype,
+                                               device=q_i.device)
+
+
 def flash_attention_reference(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
                               block_q: int = 64, block_k: int = 64, scale: float | None = None,
                               return_lse: bool = False,
@@ -233,9 +254,7 @@ def flash_attention_reference(q: Tensor, k: Tensor, v: Tensor, is_causal: bool =
     for i0 in range(0, T_q, block_q):
         i1 = min(i0 + block_q, T_q)
         q_i = q[..., i0:i1, :]  # (..., Bq, d_k)
-        m = torch.full(q_i.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)  # (..., Bq)
-        ell = torch.zeros_like(m)
-        o = torch.zeros(*q_i.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+        m, ell, o = _empty_state(q_i, v.shape[-1])
         k_end = min(i1, T_k) if is_causal else T_k  # keys j >= i1 are every row's future
         for j0 in range(0, k_end, block_k):
             j1 = min(j0 + block_k, T_k)
@@ -354,6 +373,145 @@ def flash_attention_tiled(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = Fal
     """
     return FlashAttentionReferenceFunction.apply(q, k, v, bool(is_causal), block_q, block_k,
                                                  scale)
+
+
+# ------------------------------------------------------------------ masks as functions, block sparsity
+
+
+def causal_mask_mod() -> MaskMod:
+    """The causal mask as a ``mask_mod``: ``(b, h, q_idx, kv_idx) -> kv_idx <= q_idx``.
+
+    A ``mask_mod`` (the convention of ``torch.nn.attention.flex_attention``) takes the batch
+    and head indices and broadcastable integer tensors of query and key positions and
+    returns booleans, True where the query may attend to the key.
+    """
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return kv_idx <= q_idx
+
+    return mask_mod
+
+
+def sliding_window_mask_mod(window: int) -> MaskMod:
+    """Causal sliding-window mask (Mistral 7B, Jiang et al., 2023): query i sees keys
+    i - window < j <= i, the ``window`` most recent positions including its own."""
+    window = check_positive_int("window", window)
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+
+    return mask_mod
+
+
+def document_mask_mod(doc_ids: Tensor) -> MaskMod:
+    """Causal attention within packed documents: query i sees key j <= i of its own document.
+
+    ``doc_ids`` (T,) holds the document index of each position of a packed sequence (e.g.
+    ``[0, 0, 0, 1, 1, 2, ...]``); the mask is ``doc_ids[i] == doc_ids[j] and j <= i``, so each
+    document is attended as if it were a sequence of its own.
+    """
+    if not isinstance(doc_ids, Tensor) or doc_ids.ndim != 1 or doc_ids.is_floating_point() \
+            or doc_ids.dtype == torch.bool or doc_ids.numel() == 0:
+        raise TypeError(f"doc_ids must be a non-empty 1-D integer tensor, got "
+                        f"{doc_ids if not isinstance(doc_ids, Tensor) else doc_ids.dtype}")
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return (doc_ids[q_idx] == doc_ids[kv_idx]) & (kv_idx <= q_idx)
+
+    return mask_mod
+
+
+def flash_attention_masked(q: Tensor, k: Tensor, v: Tensor, mask_mod: MaskMod,
+                           block_q: int = 64, block_k: int = 64, scale: float | None = None,
+                           return_lse: bool = False,
+                           blocks: dict[str, int] | None = None) -> Tensor | tuple[Tensor, Tensor]:
+    """Tiled attention under a mask given as a function, skipping the tiles it hides entirely.
+
+    q (..., T_q, d_k), k (..., T_k, d_k), v (..., T_k, d_v) as in
+    :func:`flash_attention_reference`; ``mask_mod(b, h, q_idx, kv_idx)`` returns True where
+    query q_idx may see key kv_idx (e.g. :func:`sliding_window_mask_mod`); it is called with
+    b = h = 0, so the mask must be the same for every batch element and head. Returns the
+    output (..., T_q, d_v) and, if ``return_lse``, the log-sum-exp (..., T_q). A row that
+    sees no key gets output 0 and log-sum-exp -inf, as ``flex_attention`` gives.
+
+    Each (block_q, block_k) tile is classified from the mask alone, before any score is
+    computed: *empty* (every entry hidden: skipped, no FLOPs and no loads), *full* (every
+    entry visible: no masking needed) or *partial* (masked with -inf). This is the block
+    sparsity of FlexAttention's ``BlockMask`` (Dong et al., 2024), whose ``kv_num_blocks``
+    counts the partial tiles and ``full_kv_num_blocks`` the full ones. ``blocks``, if given a
+    dict, receives the counts ``full``, ``partial`` and ``skipped``.
+    """
+    _check_attention_inputs(q, k, v)
+    if not callable(mask_mod):
+        raise TypeError(f"mask_mod must be callable, got {type(mask_mod).__name__}")
+    block_q = check_positive_int("block_q", block_q)
+    block_k = check_positive_int("block_k", block_k)
+    T_q, T_k = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    zero = torch.zeros((), dtype=torch.long, device=q.device)
+    counts = {"full": 0, "partial": 0, "skipped": 0}
+    outs, lses = [], []
+    for i0 in range(0, T_q, block_q):
+        i1 = min(i0 + block_q, T_q)
+        q_i = q[..., i0:i1, :]  # (..., Bq, d_k)
+        m, ell, o = _empty_state(q_i, v.shape[-1])
+        i_idx = torch.arange(i0, i1, device=q.device)[:, None]  # (Bq, 1)
+        for j0 in range(0, T_k, block_k):
+            j1 = min(j0 + block_k, T_k)
+            keep = mask_mod(zero, zero, i_idx, torch.arange(j0, j1, device=q.device)[None, :])
+            keep = torch.as_tensor(keep, device=q.device).expand(i1 - i0, j1 - j0)  # (Bq, Bk)
+            if not keep.any():
+                counts["skipped"] += 1
+                continue
+            s = scale * (q_i @ k[..., j0:j1, :].transpose(-2, -1))  # (..., Bq, Bk)
+            if keep.all():
+                counts["full"] += 1
+            else:
+                counts["partial"] += 1
+                s = s.masked_fill(~keep, float("-inf"))
+            m, ell, o = merge_softmax_states((m, ell, o), softmax_state(s, v[..., j0:j1, :]))
+        seen = (ell > 0).unsqueeze(-1)
+        outs.append(torch.where(seen, o / torch.where(seen, ell.unsqueeze(-1), 1.0), 0.0))
+        lses.append(m + torch.log(ell))  # -inf where no key was seen
+    if blocks is not None:
+        blocks.update(counts)
+    out = torch.cat(outs, dim=-2)  # (..., T_q, d_v)
+    return (out, torch.cat(lses, dim=-1)) if return_lse else out
+
+
+# ------------------------------------------------------------------ split-KV decoding
+
+
+def split_kv_attention(q: Tensor, k: Tensor, v: Tensor, n_splits: int, scale: float | None = None,
+                       return_lse: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """Attention of a few queries over a long KV cache, split along the keys (Flash-Decoding).
+
+    q (..., T_q, d_k), k (..., T_k, d_k), v (..., T_k, d_v); returns (..., T_q, d_v) and, if
+    ``return_lse``, the log-sum-exp (..., T_q). The keys are cut into ``n_splits`` contiguous
+    chunks of near-equal length; each chunk's normalised output O_c and log-sum-exp L_c are
+    computed independently (on a GPU by separate programs, so that a single decoding query
+    still fills the machine: Dao et al., 2023, "Flash-Decoding for long-context inference"),
+    then combined exactly. A normalised result (L, O) is the online-softmax state
+    (m, l, o) = (L, 1, O), so the combination is :func:`merge_softmax_states`:
+
+        L = log sum_c e^(L_c),   O = sum_c e^(L_c - L) O_c.
+    """
+    _check_attention_inputs(q, k, v)
+    n_splits = check_positive_int("n_splits", n_splits)
+    T_k = k.shape[-2]
+    if n_splits > T_k:
+        raise ValueError(f"n_splits must be at most T_k = {T_k}, got {n_splits}")
+    edges = [(c * T_k) // n_splits for c in range(n_splits + 1)]
+    state: State | None = None
+    for j0, j1 in zip(edges, edges[1:], strict=False):
+        o_c, lse_c = flash_attention_reference(q, k[..., j0:j1, :], v[..., j0:j1, :],
+                                               block_q=q.shape[-2], block_k=j1 - j0, scale=scale,
+                                               return_lse=True)  # one tile per chunk
+        part = (lse_c, torch.ones_like(lse_c), o_c)
+        state = part if state is None else merge_softmax_states(state, part)
+    m, ell, o = state
+    out = o / ell.unsqueeze(-1)
+    return (out, m + torch.log(ell)) if return_lse else out
 
 
 # ------------------------------------------------------------------ IO and memory

@@ -110,6 +110,26 @@ def sliding_window_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wind
     return torch.cat(outs, dim=-2), tiles
 
 
+# ---------------------------------------------------------------- exercise 5
+
+
+def prefix_lm_mask_mod(prefix: int):
+    """Exercise 5: the prefix-LM mask (Raffel et al., 2020) as a ``mask_mod``.
+
+    Every query sees the whole prefix of ``prefix`` positions (bidirectional attention over
+    the prompt) and, after it, attends causally: key j is visible to query i when j < prefix
+    or j <= i. Usable by :func:`llmbook.inference.flash.flash_attention_masked` and by
+    ``torch.nn.attention.flex_attention.create_block_mask``.
+    """
+    if isinstance(prefix, bool) or not isinstance(prefix, int) or prefix < 0:
+        raise ValueError(f"prefix must be a non-negative int, got {prefix!r}")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx < prefix) | (kv_idx <= q_idx)
+
+    return mask_mod
+
+
 if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
     from llmbook.nbtools import run_solution_tests
 
