@@ -48,6 +48,8 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
 )
 
 from llmbook.nbtools import Checks, ClaimGrades, save_figure, seed_everything, show_source
@@ -664,10 +666,24 @@ checks
 # *after* the sub-layers, $x + \operatorname{Norm}(f(x))$, and normalises the whole query
 # and key projections, all heads at once. Llama 3.1 (Dubey et al., 2024, "The Llama 3 Herd
 # of Models") stretches the long rotary wavelengths by its piecewise rule (chapter 5's RoPE
-# scaling). Each is a small, randomly initialised `transformers` model with noise on every
-# parameter, its window, base and $\varepsilon$ chosen so that the switch matters on 13
-# tokens; the logits must agree to $10^{-5}$ in float32, and the same weights with the
-# switch turned off must not:
+# scaling).
+#
+# Gemma 2 (Riviere et al., 2024, "Gemma 2: Improving Open Language Models at a Practical
+# Size") changes more at once: a norm before *and* after each sub-layer (**sandwich norms**,
+# $x + \operatorname{Norm}'(f(\operatorname{Norm} x))$), the embedding rows multiplied by
+# $\sqrt d$, a GELU-gated feed-forward layer (GeGLU), attention scores scaled by
+# $1/\sqrt{s}$ with a chosen $s$ (`query_pre_attn_scalar`) and **soft-capped**, $c \tanh(z/c)$
+# (chapter 4), the output logits soft-capped too, and sliding-window (local) layers
+# alternating with global ones. Its RMSNorm multiplies by $1 + w$ rather than $w$, so
+# `from_hf` stores the gain $1 + w$. Gemma 3 (Kamath et al., 2025, "Gemma 3 Technical Report")
+# drops the attention soft-cap for QK-norm and gives its local layers a RoPE base of their own
+# (here 100 against the global layers' $10^5$, which are also stretched linearly by 4). SmolLM3,
+# the larger successor of section 7.11's SmolLM2, keeps Llama's block but leaves the rotation
+# out of every fourth layer (**NoPE** layers, after Kazemnejad et al., 2023, "The Impact of
+# Positional Encoding on Length Generalization in Transformers"); here every second one. Each model is a small, randomly initialised
+# `transformers` model with noise on every parameter, its window, caps, base and
+# $\varepsilon$ chosen so that the switch matters on 13 tokens; the logits must agree to
+# $10^{-5}$ in float32, and the same weights with the switch turned off must not:
 
 # %%
 ARCHITECTURES = {  # name: (HF classes, options, features, the switch and its "off" value)
@@ -680,6 +696,18 @@ ARCHITECTURES = {  # name: (HF classes, options, features, the switch and its "o
         "rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}, "RoPE scaling 'llama3'",
         "rope_scaling", None),
+    "Gemma 2": (Gemma2ForCausalLM, Gemma2Config, {
+        "head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 4, "attn_logit_softcapping": 2.0,
+        "final_logit_softcapping": 5.0}, "sandwich norms, sqrt(d), GeGLU, soft-caps 2 and 5, local/global",
+        "norm_position", "pre"),
+    "Gemma 3": (Gemma3ForCausalLM, Gemma3TextConfig, {
+        "head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 4, "sliding_window_pattern": 2,
+        "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e5},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}},
+        "Gemma 2's block, QK-norm, local RoPE base 100", "rope_local_theta", None),
+    "SmolLM3": (SmolLM3ForCausalLM, SmolLM3Config, {"no_rope_layer_interval": 2, "pad_token_id": 0,
+                                                     "bos_token_id": 0, "eos_token_id": 0},
+                "NoPE: no RoPE in layer 1", "no_rope_layers", None),
 }
 g_arch = torch.Generator().manual_seed(11)
 ids_arch = torch.randint(0, 101, (3, 13), generator=g_arch)
@@ -699,23 +727,29 @@ for name, (hf_cls, cfg_cls, options, features, switch, off) in ARCHITECTURES.ite
 checks
 
 # %% [markdown]
-# Gemma 2 and 3 need more than a switch: logit soft-capping, norms both before and after
-# each sub-layer, the embeddings scaled by $\sqrt d$, a GELU-gated feed-forward layer,
-# norms whose gain is $1 + w$, and alternating local and global layers with different RoPE
-# bases. The book's model does not implement them, and `from_hf` says so rather than load a
-# model that would compute something else:
+# Why a model can drop the rotation in some layers: without RoPE, the score $q_i \cdot k_j$
+# depends on the tokens only, not on where they stand, so attention is
+# permutation-equivariant over the keys; only the causal mask tells order. The last position
+# sees every key, so in a NoPE layer its output must not change when the tokens before it
+# are shuffled, while in a RoPE layer it must. SmolLM3's two layers, fed the same hidden
+# states in two orders (float64):
 
 # %%
-for gemma in (Gemma2ForCausalLM(Gemma2Config(vocab_size=20, hidden_size=16, intermediate_size=32,
-                                             num_hidden_layers=2, num_attention_heads=2,
-                                             num_key_value_heads=1, head_dim=8)),
-              Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=20, hidden_size=16, intermediate_size=32,
-                                                 num_hidden_layers=2, num_attention_heads=2,
-                                                 num_key_value_heads=1, head_dim=8))):
-    try:
-        from_hf(gemma)
-    except ValueError as err:
-        print("ValueError:", err)
+smol = from_hf(randomize_parameters_(SmolLM3ForCausalLM(SmolLM3Config(**(cfg | ARCHITECTURES["SmolLM3"][2]))),
+                                     0.1, g_arch)).double().eval()
+x_nope = torch.randn(1, 9, 48, dtype=torch.float64, generator=g_arch)  # (B, T, d)
+shuffle = torch.tensor([3, 0, 7, 1, 5, 2, 6, 4, 8])  # the first 8 moved, the last kept
+checks = Checks("NoPE: the last position after shuffling the 8 before it")
+with torch.no_grad():
+    for layer, block in enumerate(smol.blocks):
+        positions = torch.arange(9)  # the same positions 0..8 for both orders
+        moved = (block(x_nope[:, shuffle], positions, smol.rope)[:, -1]
+                 - block(x_nope, positions, smol.rope)[:, -1]).abs().max().item()
+        if block.use_rope:
+            checks.true(f"layer {layer} (RoPE): changes by > 1e-3", moved > 1e-3, float(f"{moved:.1g}"))
+        else:
+            checks.true(f"layer {layer} (NoPE): unchanged to 1e-12", moved < 1e-12)
+checks
 
 
 # %% [markdown]
@@ -1248,8 +1282,10 @@ checks
 #   $2N_{mm} + 4LTHd_h$ FLOPs per token, so "$2N$" is good when $T \ll 6d$.
 # * The model loads Hugging Face GPT-2, Llama and Qwen2 weights and reproduces their logits
 #   to float32 round-off; with QK-norm, sliding windows, norms after the sub-layers and
-#   Llama 3.1's RoPE scaling it also loads Qwen3, Mistral, OLMo 2 and Llama 3.1, and it
-#   refuses Gemma 2 and 3, whose soft-capping and sandwich norms it does not implement.
+#   Llama 3.1's RoPE scaling it also loads Qwen3, Mistral, OLMo 2 and Llama 3.1; with sandwich
+#   norms, the $\sqrt d$ embedding scale, GeGLU, soft-capping and local/global layers, Gemma 2
+#   and 3; and with NoPE layers, SmolLM3. A NoPE layer's last position is unchanged when the
+#   tokens before it are shuffled; a RoPE layer's is not.
 # * Trained on tokenized text with targets shifted by one, it starts at a loss of about
 #   $\log V$ (nearly uniform logits): $\log V + \sigma^2/2$ with an untied output layer,
 #   and lower by about $r\mu$ with a tied one, whose final state still carries the current
@@ -1293,3 +1329,10 @@ checks
 #    one-layer model by 10 and by 100, as training may. Show that without QK-norm the
 #    largest score grows exactly as $c^2$, and with it (`qk_norm=True`, a tiny
 #    $\varepsilon$) it does not move and stays under the bound.
+# 7. (★★) **A soft-cap bounds the loss.** When every logit lies in $(-c, c)$, as after
+#    Gemma 2's final soft-cap, show that each token's cross-entropy is below $\log V + 2c$,
+#    whatever the weights, and that the bound is approached by logits at $+c$ everywhere but
+#    the target. Write `worst_token_loss(model, ids, targets)` (the largest per-token
+#    cross-entropy), multiply the output matrix of section 7.6's Gemma 2 model by 10 and by
+#    100, and show that with the cap ($c = 5$) the worst loss stays under the bound, and
+#    without it (the same weights, `final_softcap=None`) it grows past it.

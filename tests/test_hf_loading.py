@@ -1,5 +1,5 @@
 """Tests for llmbook.transformer.hf_loading: our model equals Hugging Face GPT-2, Llama (3.x), Qwen2,
-Qwen3, Mistral and OLMo 2."""
+Qwen3, Mistral, OLMo 2, Gemma 2, Gemma 3 and SmolLM3."""
 
 import dataclasses
 
@@ -244,10 +244,13 @@ def test_architecture_switches_are_read():
     assert from_hf(architecture_model("llama3")).config.rope_scaling["rope_type"] == "llama3"
 
 
-def test_sliding_window_with_a_cache_equals_the_full_pass():
+@pytest.mark.parametrize("name", ["mistral", "gemma2", "gemma3"])
+def test_sliding_window_with_a_cache_equals_the_full_pass(name):
+    """Mistral slides in every layer; Gemma 2 and 3 alternate local and global layers (and Gemma 3
+    gives them two RoPE bases): the cached steps must equal the full pass in each."""
     from llmbook.inference.kvcache import KVCache
 
-    ours = from_hf(architecture_model("mistral")).eval()
+    ours = from_hf(architecture_model(name) if name == "mistral" else gemma_like_model(name)).eval()
     c = ours.config
     ids = torch.randint(0, 101, (2, 11), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
@@ -257,16 +260,107 @@ def test_sliding_window_with_a_cache_equals_the_full_pass():
     assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-5
 
 
-def test_unsupported_rope_scaling_and_gemma_are_rejected():
-    from transformers import Gemma2Config, Gemma2ForCausalLM
+def test_unsupported_rope_scaling_and_architectures_are_rejected():
+    from transformers import Phi3Config, Phi3ForCausalLM
 
     yarn = LlamaConfig(vocab_size=20, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                        num_attention_heads=2, rope_parameters={"rope_type": "yarn", "factor": 2.0,
                                                                "rope_theta": 1e4})
     with pytest.raises(ValueError, match="rope_type='yarn'"):
         config_from_hf(LlamaForCausalLM(yarn))
-    gemma = Gemma2ForCausalLM(Gemma2Config(vocab_size=20, hidden_size=16, intermediate_size=32,
-                                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                                           head_dim=8))
-    with pytest.raises(ValueError, match="model_type='gemma2'"):
-        from_hf(gemma)
+    phi3 = Phi3ForCausalLM(Phi3Config(vocab_size=20, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, pad_token_id=0, bos_token_id=0, eos_token_id=0))
+    with pytest.raises(ValueError, match="model_type='phi3'"):
+        from_hf(phi3)
+
+
+# ---------------------------------------------------------------- Gemma 2, Gemma 3, SmolLM3 (NoPE)
+
+GEMMA_LIKE = {
+    # name: (model class, config class, options)
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(
+        head_dim=16, query_pre_attn_scalar=24, sliding_window=4, attn_logit_softcapping=2.0,
+        final_logit_softcapping=5.0)),
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
+        head_dim=16, query_pre_attn_scalar=24, sliding_window=4, sliding_window_pattern=2, rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})),
+    "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config", dict(no_rope_layer_interval=2)),
+}
+
+
+def gemma_like_model(name: str, **kw) -> nn.Module:
+    import transformers
+    model_cls, config_cls, options = GEMMA_LIKE[name]
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=101, hidden_size=48, intermediate_size=96, num_hidden_layers=3,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=40,
+               rms_norm_eps=0.01, attn_implementation="eager", pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    cfg.update(options)
+    cfg.update(kw)
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**cfg))
+    randomize_parameters_(model, 0.1, torch.Generator().manual_seed(1))
+    return model.eval()
+
+
+# the switches each architecture sets, and the value that turns each off
+SWITCHES = {
+    "gemma2": dict(attn_softcap=None, final_softcap=None, embed_scale=1.0, attn_scale=None,
+                   layer_types=("full_attention",) * 3, norm_position="post"),
+    "gemma3": dict(rope_local_theta=None, qk_norm=False, embed_scale=1.0),
+    "smollm3": dict(no_rope_layers=None),
+}
+
+
+@pytest.mark.parametrize("name", list(GEMMA_LIKE))
+def test_gemma_and_smollm3_logits_equal_hugging_face(name):
+    hf = gemma_like_model(name)
+    ours = from_hf(hf).eval()
+    ids = torch.randint(0, 101, (3, 13), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        for fused in (True, False):
+            ours.set_fused_attention(fused)
+            assert (ours(ids) - ref).abs().max().item() < 1e-5, (name, fused)
+        assert ref.std() > 0.5
+        for switch, off in SWITCHES[name].items():  # each switch matters: without it the logits are far off
+            plain = TransformerLM(dataclasses.replace(ours.config, **{switch: off})).eval()
+            plain.load_state_dict(ours.state_dict(), strict=switch not in ("norm_position", "qk_norm"))
+            assert (plain(ids) - ref).abs().max().item() > 1e-2, (name, switch)
+    assert ours.num_parameters() == sum(p.numel() for p in hf.parameters()) == count_parameters(ours.config)
+
+
+@pytest.mark.parametrize("name", list(GEMMA_LIKE))
+def test_gemma_and_smollm3_in_float64(name):
+    hf = gemma_like_model(name).double()
+    ours = from_hf(hf)
+    ids = torch.randint(0, 101, (2, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        err = (ours(ids) - hf(ids).logits).abs().max().item()
+    assert err < 1e-5  # Hugging Face's RMSNorm computes in float32
+
+
+def test_gemma_switches_are_read():
+    c = from_hf(gemma_like_model("gemma2")).config
+    assert (c.norm_position, c.mlp, c.activation, c.attn_softcap, c.final_softcap) == \
+        ("sandwich", "geglu", "gelu_tanh", 2.0, 5.0)
+    assert c.layer_types == ("sliding_attention", "full_attention", "sliding_attention")
+    assert (c.sliding_window, c.attn_scale, c.embed_scale) == (4, 24 ** -0.5, float(torch.tensor(48 ** 0.5)))
+    c3 = from_hf(gemma_like_model("gemma3")).config
+    assert (c3.qk_norm, c3.attn_softcap, c3.rope_theta, c3.rope_local_theta) == (True, None, 1e5, 100.0)
+    assert c3.rope_scaling["rope_type"] == "linear"
+    assert from_hf(gemma_like_model("smollm3")).config.no_rope_layers == (1,)
+    ours = from_hf(gemma_like_model("gemma2"))  # Gemma's norm multiplies by 1 + w: the gain stored is 1 + w
+    hf = gemma_like_model("gemma2")
+    assert torch.equal(ours.blocks[1].attn_post_norm.weight, 1 + hf.model.layers[1].post_attention_layernorm.weight)
+
+
+def test_gemma_options_not_implemented_are_rejected():
+    with pytest.raises(ValueError, match="hidden_activation"):
+        config_from_hf(gemma_like_model("gemma2", hidden_activation="relu"))
+    with pytest.raises(ValueError, match="attention_dropout"):
+        config_from_hf(gemma_like_model("gemma2", attention_dropout=0.1))
+    with pytest.raises(ValueError, match="sliding layers"):
+        config_from_hf(gemma_like_model("gemma3", rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1e5},
+            "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100.0}}))

@@ -10,6 +10,7 @@ from torch.func import functional_call
 
 from llmbook.transformer.model import (
     DecoderBlock,
+    GeGLU,
     TransformerConfig,
     TransformerLM,
     expected_initial_loss,
@@ -405,7 +406,19 @@ def test_post_norm_block_normalises_the_sublayer_outputs():
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     (dict(qk_norm=True, qk_norm_scope="heads"), "qk_norm_scope"),
-    (dict(norm_position="sandwich"), "norm_position"),
+    (dict(norm_position="sandwiches"), "norm_position"),
+    (dict(layer_types=("full_attention",)), "layer_types"),
+    (dict(layer_types=("full_attention", "local")), "layer_types"),
+    (dict(layer_types=("full_attention", "sliding_attention")), "sliding_window"),
+    (dict(no_rope_layers=(2,)), "no_rope_layers"),
+    (dict(embed_scale=0.0), "embed_scale"),
+    (dict(embed_scale=None), "embed_scale"),
+    (dict(attn_softcap=-1.0), "attn_softcap"),
+    (dict(final_softcap=float("inf")), "final_softcap"),
+    (dict(attn_scale=True), "attn_scale"),
+    (dict(rope_local_theta=100.0), "rope_local_theta"),
+    (dict(layer_types=("full_attention", "sliding_attention"), sliding_window=3, rope_local_theta=1.0),
+     "rope_local_theta"),
     (dict(sliding_window=0), "sliding_window"),
     (dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}), "rope_scaling"),
     (dict(rope_scaling={"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5}), "rope_scaling"),
@@ -432,3 +445,146 @@ def test_to_dict_leaves_out_later_options_at_their_defaults():
     d2 = c2.to_dict()
     assert d2["qk_norm"] is True and d2["sliding_window"] == 4 and "norm_position" not in d2
     assert TransformerConfig(**d2) == c2
+
+
+# ---------------------------------------------------------------- Gemma 2 options and NoPE layers
+
+
+def test_shipped_recipes_are_unchanged_by_the_new_options():
+    """The recipes (and their hashes) recorded in data/models were written before these options."""
+    import json
+
+    from llmbook.paths import data_dir
+    from llmbook.training.pretrained import RECIPES, recipe_hash
+
+    for kind in RECIPES:
+        info = json.loads((data_dir() / "models" / kind / "info.json").read_text())
+        assert info["recipe_hash"] == recipe_hash(kind)
+        assert TransformerConfig(**info["recipe"]["model"]).to_dict() == info["recipe"]["model"]
+    d = tiny("llama", norm_position="sandwich", embed_scale=2.0, final_softcap=30.0).to_dict()
+    assert (d["norm_position"], d["embed_scale"], d["final_softcap"]) == ("sandwich", 2.0, 30.0)
+    assert "attn_softcap" not in d and "no_rope_layers" not in d
+
+
+def test_sandwich_block_is_norm_before_and_after():
+    c = tiny("llama", norm_position="sandwich")
+    block = DecoderBlock(c).double()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    x = torch.randn(2, 5, 24, dtype=torch.float64, generator=g)
+
+    def rms(t, w):  # written out, not the module
+        return w * t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + c.norm_eps)
+
+    with torch.no_grad():
+        h = x + rms(block.attn(rms(x, block.attn_norm.weight)), block.attn_post_norm.weight)
+        want = h + rms(block.mlp(rms(h, block.mlp_norm.weight)), block.mlp_post_norm.weight)
+        assert torch.allclose(block(x), want, atol=1e-12)
+    assert sum(p.numel() for p in block.parameters()) == \
+        sum(p.numel() for p in DecoderBlock(tiny("llama")).parameters()) + 2 * 24
+
+
+def test_geglu_matches_formula_and_rejects_bad_input():
+    g = torch.Generator().manual_seed(2)
+    m = GeGLU(6, 10).double()
+    x = torch.randn(3, 4, 6, dtype=torch.float64, generator=g)
+    gate = x @ m.gate_proj.weight.T
+    want = (torch.nn.functional.gelu(gate, approximate="tanh") * (x @ m.up_proj.weight.T)) @ m.down_proj.weight.T
+    assert torch.allclose(m(x), want, atol=1e-12)
+    with pytest.raises(ValueError, match="activation"):
+        GeGLU(6, 10, activation="tanh2")
+    with pytest.raises(ValueError, match="GeGLU"):
+        m(torch.zeros(2, 5, dtype=torch.float64))
+    assert TransformerConfig(vocab_size=5, d_model=6, n_layers=1, n_heads=2, mlp="geglu").activation == "gelu_tanh"
+    c = tiny("llama", mlp="geglu", activation="gelu_tanh")
+    assert isinstance(TransformerLM(c).blocks[0].mlp, GeGLU)
+
+
+def test_embed_scale_and_final_softcap():
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 37, (2, 6), generator=g)
+    base = TransformerLM(tiny("llama", norm_position="sandwich"), generator=g).double()
+    scaled = TransformerLM(tiny("llama", norm_position="sandwich", embed_scale=4.0, final_softcap=2.0)).double()
+    with torch.no_grad():
+        scaled.load_state_dict(base.state_dict())
+        base.embed.weight.mul_(4.0)  # the scale folded into the table: same stream
+        z = base(ids)
+        assert torch.allclose(scaled(ids), 2.0 * torch.tanh(z / 2.0), atol=1e-12)
+        assert scaled(ids).abs().max() < 2.0
+    with pytest.raises(ValueError, match="soft-cap"):
+        minimal_forward(scaled, ids)
+
+
+def test_local_and_global_layers_differ_only_where_the_window_cuts():
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 37, (1, 12), generator=g)
+    kw = dict(n_layers=2, sliding_window=3)
+    alt = TransformerLM(tiny("llama", layer_types=("sliding_attention", "full_attention"), **kw),
+                        generator=g).double()
+    with torch.no_grad():
+        z_alt = alt(ids)
+        full = TransformerLM(tiny("llama", n_layers=2)).double()
+        full.load_state_dict(alt.state_dict())
+        local = TransformerLM(tiny("llama", **kw)).double()
+        local.load_state_dict(alt.state_dict())
+        z_full, z_local = full(ids), local(ids)
+    # the first W positions see their whole prefix in every layer: all three agree there
+    assert torch.allclose(z_alt[:, :3], z_full[:, :3], atol=1e-12)
+    assert torch.allclose(z_alt[:, :3], z_local[:, :3], atol=1e-12)
+    assert (z_alt[:, 3:] - z_full[:, 3:]).abs().max() > 1e-6 and (z_alt[:, 3:] - z_local[:, 3:]).abs().max() > 1e-6
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**16), T=st.integers(3, 8))
+def test_nope_layer_sees_its_prefix_as_a_set(seed, T):
+    """Without RoPE attention is permutation-equivariant over the keys, so, the causal mask
+    aside, the last position (which sees every key) is unchanged when the tokens before it
+    are shuffled. With RoPE it changes."""
+    from llmbook.transformer.positional import RotaryEmbedding, apply_rotary
+
+    g = torch.Generator().manual_seed(seed)
+    c = tiny("llama", n_layers=2, no_rope_layers=(1,))
+    nope = DecoderBlock(c, layer=1).double()
+    roped = DecoderBlock(c, layer=0).double()
+    roped.load_state_dict(nope.state_dict())
+    assert (nope.use_rope, roped.use_rope) == (False, True)
+    r = RotaryEmbedding(c.d_head, c.rope_theta, c.max_seq_len)
+
+    def rope(t, pos):
+        return apply_rotary(t, r.cos[pos].to(t.dtype), r.sin[pos].to(t.dtype))
+
+    x = torch.randn(1, T, 24, dtype=torch.float64, generator=g)
+    perm = torch.cat([torch.roll(torch.arange(T - 1), 1), torch.tensor([T - 1])])  # a shuffle that moves every key
+    pos = torch.arange(T)
+    with torch.no_grad():
+        assert torch.allclose(nope(x[:, perm], pos, rope)[:, -1], nope(x, pos, rope)[:, -1], atol=1e-12)
+        assert not torch.allclose(roped(x[:, perm], pos, rope)[:, -1], roped(x, pos, rope)[:, -1], atol=1e-6)
+        m = TransformerLM(c).double()
+        ids = torch.randint(0, 37, (1, T), generator=g)
+        no_rope_anywhere = TransformerLM(tiny("llama", n_layers=2, no_rope_layers=(0, 1))).double()
+        no_rope_anywhere.load_state_dict(m.state_dict())
+        assert not torch.allclose(m(ids), no_rope_anywhere(ids), atol=1e-9)
+
+
+def test_local_layers_use_their_own_rope_base():
+    """Gemma 3: with rope_local_theta the sliding layers rotate with that base, the global ones
+    with rope_theta; with the local base equal to the global one nothing changes."""
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 37, (1, 9), generator=g)
+    kw = dict(n_layers=2, sliding_window=20, layer_types=("sliding_attention", "full_attention"))
+    base = TransformerLM(tiny("llama", **kw), generator=g).double()
+    with torch.no_grad():  # weights large enough for the scores, and so the rotation, to matter
+        for p in base.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    same = TransformerLM(tiny("llama", rope_local_theta=10000.0, **kw)).double()
+    other = TransformerLM(tiny("llama", rope_local_theta=100.0, **kw)).double()
+    same.load_state_dict(base.state_dict())
+    other.load_state_dict(base.state_dict())
+    assert torch.allclose(other.rope_local.inv_freq, 100.0 ** (-torch.arange(0, 6, 2, dtype=torch.float64) / 6)
+                          .to(other.rope_local.inv_freq.dtype))
+    with torch.no_grad():
+        assert torch.allclose(same(ids), base(ids), atol=1e-12)
+        assert (other(ids) - base(ids)).abs().max() > 1e-4
+        assert torch.allclose(other(ids)[:, 0], base(ids)[:, 0], atol=1e-12)  # position 0 is not rotated

@@ -113,3 +113,29 @@ def test_exercise_6_qk_norm_bounds_the_scores(qk_norm):
         # no bias, no norm between the projections and the scores: they grow as c^2
         assert grown[0] == pytest.approx(100 * base, rel=1e-9)
         assert grown[1] == pytest.approx(10_000 * base, rel=1e-9)
+
+
+def test_exercise_7_a_soft_cap_bounds_the_loss():
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    hf = Gemma2ForCausalLM(Gemma2Config(
+        vocab_size=101, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=40, rms_norm_eps=0.01,
+        query_pre_attn_scalar=24, sliding_window=4, attn_logit_softcapping=2.0, final_logit_softcapping=5.0))
+    model = from_hf(randomize_parameters_(hf, 0.1, torch.Generator().manual_seed(1)).eval()).double()
+    g = torch.Generator().manual_seed(2)
+    ids, targets = torch.randint(0, 101, (2, 13), generator=g), torch.randint(0, 101, (2, 13), generator=g)
+    bound = solutions.softcap_loss_bound(101, 5.0)
+    assert bound == pytest.approx(math.log(101) + 10.0)
+    # the bound is tight: logits at +cap everywhere but -cap at the target approach it
+    z = torch.full((1, 101), 5.0, dtype=torch.float64)
+    z[0, 7] = -5.0
+    assert torch.nn.functional.cross_entropy(z, torch.tensor([7])).item() == \
+        pytest.approx(math.log(100 * math.exp(5.0) + math.exp(-5.0)) + 5.0)
+    capped = [solutions.worst_token_loss(solutions.scale_output_layer(model, c, 5.0), ids, targets)
+              for c in (1.0, 10.0, 100.0)]
+    free = [solutions.worst_token_loss(solutions.scale_output_layer(model, c, None), ids, targets)
+            for c in (1.0, 10.0, 100.0)]
+    assert max(capped) < bound
+    assert free[2] > bound and free[2] > 5 * free[0]  # without the cap the worst loss grows with the scale

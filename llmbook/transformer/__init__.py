@@ -12,11 +12,12 @@ Chapter → module → what it defines:
 * 6 Norms and the feed-forward layer → :mod:`~llmbook.transformer.layers`:
   ``LayerNorm``, ``RMSNorm`` and their Jacobians, ``gelu``, ``MLP``, ``SwiGLU``.
 * 7 The decoder → :mod:`~llmbook.transformer.model`: ``TransformerConfig`` (GPT-2,
-  Llama, Qwen2 styles; QK-norm, post-norm, sliding window, RoPE scaling options),
-  ``QKNormAttention``, ``DecoderBlock``, ``TransformerLM``, ``minimal_forward`` (its
+  Llama, Qwen2 styles; QK-norm, post-norm and sandwich norms, sliding window and local/global
+  layers, RoPE scaling, NoPE layers, soft-capping and embedding-scale options),
+  ``QKNormAttention``, ``GeGLU``, ``DecoderBlock``, ``TransformerLM``, ``minimal_forward`` (its
   teaching version) and ``expected_initial_loss`` (tied and untied);
   :mod:`~llmbook.transformer.hf_loading`: ``from_hf`` and ``config_from_hf`` (Hugging
-  Face GPT-2, Llama 3.x, Qwen2/3, Mistral and OLMo 2 weights into the book's model); :mod:`~llmbook.transformer.sizing`: closed-form
+  Face GPT-2, Llama 3.x, Qwen2/3, Mistral, OLMo 2, Gemma 2/3 and SmolLM3 weights into the book's model); :mod:`~llmbook.transformer.sizing`: closed-form
   ``count_parameters`` and ``flops_per_token``, numeric and symbolic, built term by term
   from the layers' shapes (``parameter_terms_symbolic``, ``flops_terms_symbolic``).
 * 6, 7 (and 12) The published worked example → :mod:`~llmbook.transformer.worked_example`:

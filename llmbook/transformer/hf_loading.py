@@ -1,6 +1,7 @@
 """Load Hugging Face ``transformers`` decoders into :class:`TransformerLM`.
 
-GPT-2, Llama (and Llama 3.x's RoPE scaling), Qwen2, Qwen3, Mistral and OLMo 2.
+GPT-2, Llama (and Llama 3.x's RoPE scaling), Qwen2, Qwen3, Mistral, OLMo 2, Gemma 2, Gemma 3
+and SmolLM3.
 
 Introduced in notebooks/07_decoder. The three families are the same decoder with different
 switches, so loading one is two steps: read the switches from the Hugging Face config
@@ -17,6 +18,15 @@ switches, so loading one is two steps: read the switches from the Hugging Face c
 * **OLMo 2** (``Olmo2ForCausalLM``): the norms after the sub-layers (x + Norm(f(x))), and
   QK-norm over all heads at once; its ``post_attention_layernorm`` and
   ``post_feedforward_layernorm`` become ``attn_norm`` and ``mlp_norm``.
+* **Gemma 2** (``Gemma2ForCausalLM``): norms before *and* after each sub-layer (sandwich),
+  GeGLU, embeddings times sqrt(d), attention scores scaled by ``query_pre_attn_scalar ** -0.5``
+  and soft-capped, final logits soft-capped, sliding-window layers alternating with global
+  ones; its RMSNorm multiplies by (1 + w), so every norm gain is stored as 1 + w.
+* **Gemma 3** (``Gemma3ForCausalLM``, ``model_type`` "gemma3_text"): Gemma 2's block with
+  QK-norm (per head) in place of the attention soft-cap, and a RoPE base of its own for the
+  local layers (``rope_local_theta``; the global ones keep ``rope_theta`` and the scaling).
+* **SmolLM3** (``SmolLM3ForCausalLM``): Llama's block in which the layers flagged 0 in
+  ``no_rope_layers`` (every fourth by default) have no rotation (NoPE).
 * **Llama 3.x** RoPE scaling (``rope_type`` "llama3", and "linear") is read into
   ``TransformerConfig.rope_scaling``.
 * **GPT-2** (``GPT2LMHeadModel``): its linear layers are ``Conv1D`` modules that compute
@@ -24,14 +34,15 @@ switches, so loading one is two steps: read the switches from the Hugging Face c
   and its attention keeps W_Q, W_K, W_V side by side in one (d, 3d) matrix ``c_attn``.
   So every weight is transposed, and ``c_attn`` is split into three d-wide column blocks.
 
-Only what the book's model implements is accepted: an unsupported architecture (Gemma 2
-and 3 among them), another RoPE scaling, Qwen's per-layer sliding windows, attention
+Only what the book's model implements is accepted: an unsupported architecture, another RoPE scaling, Qwen's per-layer sliding windows, attention
 dropout or GPT-2's per-layer attention scaling is a ``ValueError`` naming it. :func:`randomize_parameters_` adds noise to every parameter of a
 freshly initialised model, so that a comparison exercises the norm gains and biases too
 (a new Hugging Face model has them at exactly 1 and 0).
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import torch
 from torch import Tensor, nn
@@ -40,7 +51,7 @@ from llmbook.transformer.model import TransformerConfig, TransformerLM
 
 __all__ = ["config_from_hf", "from_hf", "randomize_parameters_"]
 
-SUPPORTED = ("gpt2", "llama", "qwen2", "qwen3", "mistral", "olmo2")
+SUPPORTED = ("gpt2", "llama", "qwen2", "qwen3", "mistral", "olmo2", "gemma2", "gemma3_text", "smollm3")
 
 
 def _model_type(hf_model: object) -> str:
@@ -49,7 +60,7 @@ def _model_type(hf_model: object) -> str:
     name = type(hf_model).__name__
     if model_type not in SUPPORTED or not name.endswith(("LMHeadModel", "ForCausalLM")):
         raise ValueError(f"unsupported model {name} (model_type={model_type!r}); from_hf "
-                         f"takes GPT-2, Llama, Qwen2, Qwen3, Mistral and OLMo 2 causal LMs "
+                         f"takes GPT-2, Llama, Qwen2, Qwen3, Mistral, OLMo 2, Gemma 2, Gemma 3 and SmolLM3 causal LMs "
                          f"(model_type in {list(SUPPORTED)})")
     return model_type
 
@@ -77,6 +88,8 @@ def config_from_hf(hf_model: nn.Module) -> TransformerConfig:
     An option the book's model does not implement is a ``ValueError`` naming it."""
     kind = _model_type(hf_model)
     hc = hf_model.config
+    if kind in ("gemma2", "gemma3_text"):
+        return _gemma_config(hc, kind)
     if kind == "gpt2":
         for flag in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
             if getattr(hc, flag, False):
@@ -97,13 +110,15 @@ def config_from_hf(hf_model: nn.Module) -> TransformerConfig:
         raise ValueError(f"unsupported attention_dropout={hc.attention_dropout} (only 0)")
     if hc.hidden_act not in ("silu", "swish"):
         raise ValueError(f"unsupported hidden_act={hc.hidden_act!r} for SwiGLU (need 'silu')")
-    if kind in ("llama", "qwen3", "mistral", "olmo2"):
+    if kind in ("llama", "qwen3", "mistral", "olmo2", "smollm3"):
         attn_bias = bool(getattr(hc, "attention_bias", False))
         bias = dict(qkv_bias=attn_bias, out_bias=attn_bias,
                     mlp_bias=bool(getattr(hc, "mlp_bias", False)))
     else:  # qwen2: bias on q, k, v only
         bias = dict(qkv_bias=True, out_bias=False, mlp_bias=False)
     theta, scaling = _rope(hc)
+    # SmolLM3: no_rope_layers[l] is 1 where layer l uses RoPE, 0 where it has none (NoPE)
+    nope = tuple(i for i, uses in enumerate(getattr(hc, "no_rope_layers", None) or []) if not uses)
     return TransformerConfig.llama_style(
         vocab_size=hc.vocab_size, d_model=hc.hidden_size, n_layers=hc.num_hidden_layers,
         n_heads=hc.num_attention_heads, n_kv_heads=hc.num_key_value_heads,
@@ -113,7 +128,49 @@ def config_from_hf(hf_model: nn.Module) -> TransformerConfig:
         tie_embeddings=bool(hc.tie_word_embeddings), qk_norm=kind in ("qwen3", "olmo2"),
         qk_norm_scope="all" if kind == "olmo2" else "head",
         norm_position="post" if kind == "olmo2" else "pre",
-        sliding_window=getattr(hc, "sliding_window", None) if kind == "mistral" else None, **bias)
+        sliding_window=getattr(hc, "sliding_window", None) if kind == "mistral" else None,
+        no_rope_layers=nope if kind == "smollm3" and nope else None, **bias)
+
+
+def _gemma_config(hc: object, kind: str) -> TransformerConfig:
+    """Gemma 2 (Riviere et al., 2024): Llama's block with sandwich norms, GeGLU, sqrt(d)-scaled
+    embeddings, soft-capped attention scores and logits, the score scale
+    ``query_pre_attn_scalar ** -0.5`` and local (sliding) layers alternating with global ones.
+    Gemma 3 (Gemma Team, 2025): the same with QK-norm instead of the attention soft-cap, and
+    its own RoPE base (and scaling) for the global and the local layers."""
+    if getattr(hc, "use_bidirectional_attention", None):
+        raise ValueError("unsupported option use_bidirectional_attention=True (the model is causal)")
+    if getattr(hc, "attention_dropout", 0.0):
+        raise ValueError(f"unsupported attention_dropout={hc.attention_dropout} (only 0)")
+    act = getattr(hc, "hidden_activation", None) or getattr(hc, "hidden_act", None)
+    if act not in ("gelu_pytorch_tanh", "gelu_new", "gelu_tanh"):
+        raise ValueError(f"unsupported hidden_activation={act!r} for GeGLU (need 'gelu_pytorch_tanh')")
+    layer_types = tuple(hc.layer_types)
+    local_theta = None
+    if kind == "gemma3_text":  # rope_parameters: one dict per layer type
+        per_type = dict(hc.rope_parameters)
+        theta, scaling = _rope(SimpleNamespace(rope_parameters=per_type["full_attention"]))
+        local_theta, local_scaling = _rope(SimpleNamespace(rope_parameters=per_type["sliding_attention"]))
+        if local_scaling is not None:
+            raise ValueError(f"unsupported RoPE scaling on the sliding layers: {local_scaling!r}")
+    else:
+        theta, scaling = _rope(hc)
+    unknown = set(layer_types) - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise ValueError(f"unsupported layer_types {sorted(unknown)}")
+    bias = bool(getattr(hc, "attention_bias", False))
+    return TransformerConfig.llama_style(
+        vocab_size=hc.vocab_size, d_model=hc.hidden_size, n_layers=hc.num_hidden_layers,
+        n_heads=hc.num_attention_heads, n_kv_heads=hc.num_key_value_heads, d_head=hc.head_dim,
+        d_ff=hc.intermediate_size, max_seq_len=hc.max_position_embeddings, norm_eps=hc.rms_norm_eps,
+        rope_theta=theta, rope_scaling=scaling, tie_embeddings=bool(hc.tie_word_embeddings),
+        qkv_bias=bias, out_bias=bias, mlp="geglu", activation="gelu_tanh", norm_position="sandwich",
+        # transformers keeps sqrt(d) in a float32 buffer: the same rounded number here
+        embed_scale=float(torch.tensor(hc.hidden_size ** 0.5, dtype=torch.float32)),
+        attn_scale=hc.query_pre_attn_scalar ** -0.5, attn_softcap=hc.attn_logit_softcapping,
+        final_softcap=hc.final_logit_softcapping, layer_types=layer_types, qk_norm=kind == "gemma3_text",
+        rope_local_theta=local_theta if "sliding_attention" in layer_types else None,
+        sliding_window=hc.sliding_window if "sliding_attention" in layer_types else None)
 
 
 def _gpt2_state(sd: dict[str, Tensor], n_layers: int, d: int, tied: bool) -> dict[str, Tensor]:
@@ -141,19 +198,26 @@ def _gpt2_state(sd: dict[str, Tensor], n_layers: int, d: int, tied: bool) -> dic
 
 
 def _llama_state(sd: dict[str, Tensor], n_layers: int, tied: bool,
-                 post_norm: bool = False) -> dict[str, Tensor]:
+                 norm_position: str = "pre") -> dict[str, Tensor]:
     """Llama/Qwen2/Qwen3/Mistral/OLMo 2's state dict renamed to ours (no tensor changes).
 
     Pre-norm models: ``input_layernorm`` -> ``attn_norm``, ``post_attention_layernorm`` (the
     norm *before* the MLP, despite its name) -> ``mlp_norm``. OLMo 2 (``post_norm``):
-    ``post_attention_layernorm`` -> ``attn_norm``, ``post_feedforward_layernorm`` -> ``mlp_norm``."""
+    ``post_attention_layernorm`` -> ``attn_norm``, ``post_feedforward_layernorm`` -> ``mlp_norm``.
+    Gemma 2 (``"sandwich"``): ``input_layernorm``, ``post_attention_layernorm``,
+    ``pre_feedforward_layernorm`` and ``post_feedforward_layernorm`` -> ``attn_norm``,
+    ``attn_post_norm``, ``mlp_norm`` and ``mlp_post_norm``."""
     out = {"embed.weight": sd["model.embed_tokens.weight"],
            "final_norm.weight": sd["model.norm.weight"]}
     if not tied:
         out["lm_head.weight"] = sd["lm_head.weight"]
     renames = {"self_attn.": "attn.", "mlp.": "mlp."}
-    renames |= ({"post_attention_layernorm.": "attn_norm.", "post_feedforward_layernorm.": "mlp_norm."}
-                if post_norm else {"input_layernorm.": "attn_norm.", "post_attention_layernorm.": "mlp_norm."})
+    renames |= {
+        "pre": {"input_layernorm.": "attn_norm.", "post_attention_layernorm.": "mlp_norm."},
+        "post": {"post_attention_layernorm.": "attn_norm.", "post_feedforward_layernorm.": "mlp_norm."},
+        "sandwich": {"input_layernorm.": "attn_norm.", "post_attention_layernorm.": "attn_post_norm.",
+                     "pre_feedforward_layernorm.": "mlp_norm.", "post_feedforward_layernorm.": "mlp_post_norm."},
+    }[norm_position]
     for key, value in sd.items():
         if not key.startswith("model.layers."):
             continue
@@ -168,8 +232,8 @@ def from_hf(hf_model: nn.Module) -> TransformerLM:
     """A :class:`TransformerLM` with the configuration and weights of ``hf_model``.
 
     ``hf_model`` is a ``transformers`` ``GPT2LMHeadModel``, ``LlamaForCausalLM``,
-    ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``MistralForCausalLM`` or
-    ``Olmo2ForCausalLM``; the result has its dtype and device, and computes the same logits
+    ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``MistralForCausalLM``,
+    ``Olmo2ForCausalLM``, ``Gemma2ForCausalLM`` or ``Gemma3ForCausalLM``; the result has its dtype and device, and computes the same logits
     (to round-off) for the same ids. The weights are copied, not shared. Anything else is a
     ``ValueError`` naming the class and ``model_type``.
     """
@@ -178,8 +242,9 @@ def from_hf(hf_model: nn.Module) -> TransformerLM:
     if config.positions == "learned":
         state = _gpt2_state(sd, config.n_layers, config.d_model, config.tie_embeddings)
     else:
-        state = _llama_state(sd, config.n_layers, config.tie_embeddings,
-                             post_norm=config.norm_position == "post")
+        state = _llama_state(sd, config.n_layers, config.tie_embeddings, config.norm_position)
+    if hf_model.config.model_type in ("gemma2", "gemma3_text"):  # Gemma's RMSNorm multiplies by (1 + w): store the gain 1 + w
+        state = {k: v + 1 if k.endswith("norm.weight") else v for k, v in state.items()}
     dtype = sd["lm_head.weight"].dtype if "lm_head.weight" in sd else next(iter(sd.values())).dtype
     device = next(iter(sd.values())).device
     with torch.device(device):

@@ -21,7 +21,9 @@ Contents:
   named constructors :meth:`~TransformerConfig.gpt2_style`,
   :meth:`~TransformerConfig.llama_style` and :meth:`~TransformerConfig.qwen2_style`;
 * :class:`QKNormAttention` - attention with an RMSNorm on each query and key head (Qwen3);
-* :class:`DecoderBlock` - x + attn(norm(x)), then x + ffn(norm(x));
+* :class:`DecoderBlock` - x + attn(norm(x)), then x + ffn(norm(x)) (or post-norm, or
+  Gemma 2's sandwich of both);
+* :class:`GeGLU` - the gated feed-forward layer with a GELU gate (Gemma);
 * :class:`TransformerLM` - embeddings, L blocks, final norm, LM head;
 * :func:`minimal_forward` - the same forward pass in a dozen lines, without the cache,
   packing masks or input checks: the teaching version (equal to ``TransformerLM.forward``,
@@ -29,8 +31,8 @@ Contents:
 * :func:`expected_initial_loss` - the cross-entropy to expect at initialisation, with the
   correction that tied embeddings bring (the current token's own logit is raised).
 
-:func:`llmbook.transformer.hf_loading.from_hf` builds one from a Hugging Face GPT-2, Llama
-or Qwen2 model (that module imports this one, never the other way round).
+:func:`llmbook.transformer.hf_loading.from_hf` builds one from a Hugging Face GPT-2, Llama,
+Qwen2/3, Mistral, OLMo 2, Gemma 2/3 or SmolLM3 model (that module imports this one, never the other way round).
 
 Closed-form parameter and FLOP counts are in :mod:`llmbook.transformer.sizing`.
 """
@@ -47,23 +49,26 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from llmbook.text.embedding import TokenEmbedding
-from llmbook.transformer.attention import AttentionCache, MultiHeadAttention
-from llmbook.transformer.layers import ACTIVATIONS, MLP, LayerNorm, RMSNorm, SwiGLU
+from llmbook.transformer.attention import AttentionCache, MultiHeadAttention, soft_cap
+from llmbook.transformer.layers import ACTIVATIONS, MLP, LayerNorm, RMSNorm, SwiGLU, _check_input
 from llmbook.transformer.positional import LearnedPositions, RotaryEmbedding, apply_rotary
 from llmbook.validation import check_nonnegative_number, check_positive_int, check_probability
 
-__all__ = ["DecoderBlock", "QKNormAttention", "TransformerConfig", "TransformerLM", "expected_initial_loss",
+__all__ = ["DecoderBlock", "GeGLU", "QKNormAttention", "TransformerConfig", "TransformerLM", "expected_initial_loss",
            "minimal_forward"]
 
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
-MLPS = ("gelu", "swiglu")
+MLPS = ("gelu", "swiglu", "geglu")
 QK_NORM_SCOPES = ("head", "all")
-NORM_POSITIONS = ("pre", "post")
+NORM_POSITIONS = ("pre", "post", "sandwich")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 ROPE_SCALINGS = ("default", "linear", "llama3")
 #: Options added after the first models were shipped, with their defaults (see ``to_dict``).
 LATER_OPTIONS: dict[str, Any] = {"qk_norm": False, "qk_norm_scope": "head", "norm_position": "pre",
-                                 "sliding_window": None, "rope_scaling": None}
+                                 "sliding_window": None, "rope_scaling": None, "layer_types": None,
+                                 "no_rope_layers": None, "embed_scale": 1.0, "attn_scale": None,
+                                 "attn_softcap": None, "final_softcap": None, "rope_local_theta": None}
 
 
 def _choice(name: str, value: object, options: tuple[str, ...]) -> None:
@@ -95,6 +100,18 @@ class TransformerConfig:
     W lets position i attend only to j with i - j < W (Mistral; None: the whole prefix).
     ``rope_scaling`` is a Hugging Face ``rope_parameters`` dict of type "linear" or
     "llama3" (Llama 3.1), handed to :class:`~llmbook.transformer.positional.RotaryEmbedding`.
+
+    Gemma 2 (Riviere et al., 2024) and NoPE layers: ``norm_position="sandwich"`` puts a norm
+    before *and* after each sub-layer, x + Norm(f(Norm x)); ``mlp="geglu"`` is the gated layer
+    with a GELU gate (``activation`` default "gelu_tanh"); ``embed_scale`` multiplies the
+    embedding rows (Gemma: sqrt(d)); ``attn_scale`` replaces 1/sqrt(d_head) in the scores
+    (Gemma 2: ``query_pre_attn_scalar ** -0.5``); ``attn_softcap`` and ``final_softcap``
+    soft-cap the attention scores and the output logits (cap tanh(z / cap));
+    ``layer_types`` (one "full_attention" | "sliding_attention" per layer; None: every layer
+    slides when ``sliding_window`` is set, as Mistral) alternates local and global layers;
+    ``rope_local_theta`` (Gemma 3) gives the sliding layers their own RoPE base, without
+    ``rope_scaling`` (None: they share the global one); ``no_rope_layers`` lists the layers that skip the rotation (NoPE, Kazemnejad et al., 2023;
+    SmolLM3 drops it in every fourth layer).
     """
 
     vocab_size: int
@@ -125,6 +142,13 @@ class TransformerConfig:
     norm_position: str = "pre"
     sliding_window: int | None = None
     rope_scaling: dict | None = None
+    layer_types: tuple[str, ...] | None = None
+    no_rope_layers: tuple[int, ...] | None = None
+    embed_scale: float = 1.0
+    attn_scale: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    rope_local_theta: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
@@ -151,7 +175,7 @@ class TransformerConfig:
                 32 * math.ceil(int(8 * self.d_model / 3) / 32)
         check_positive_int("d_ff", self.d_ff)
         if self.activation is None:
-            self.activation = "gelu_tanh" if self.mlp == "gelu" else "silu"
+            self.activation = "gelu_tanh" if self.mlp in ("gelu", "geglu") else "silu"
         if self.mlp == "swiglu" and self.activation not in ("silu", "swish"):
             raise ValueError(f"mlp='swiglu' gates with SiLU, got activation={self.activation!r}")
         _choice("activation", self.activation, tuple(sorted(ACTIVATIONS)))
@@ -176,6 +200,34 @@ class TransformerConfig:
             if kind not in ROPE_SCALINGS or self.rope_scaling.get("partial_rotary_factor", 1.0) != 1.0:
                 raise ValueError(f"unsupported rope_scaling {self.rope_scaling!r}: the model takes rope_type "
                                  f"in {list(ROPE_SCALINGS)} on every component of the head")
+        if self.layer_types is not None:
+            self.layer_types = tuple(self.layer_types)
+            if len(self.layer_types) != self.n_layers:
+                raise ValueError(f"layer_types has {len(self.layer_types)} entries for n_layers={self.n_layers}")
+            for kind in self.layer_types:
+                _choice("layer_types entry", kind, LAYER_TYPES)
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ValueError("layer_types has 'sliding_attention' layers but sliding_window is None")
+        if self.no_rope_layers is not None:
+            self.no_rope_layers = tuple(self.no_rope_layers)
+            for layer in self.no_rope_layers:
+                if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.n_layers:
+                    raise ValueError(f"no_rope_layers entries must be layer indices in [0, {self.n_layers}), "
+                                     f"got {layer!r}")
+            if self.positions != "rope":
+                raise ValueError("no_rope_layers needs positions='rope'")
+        for name in ("embed_scale", "attn_scale", "attn_softcap", "final_softcap"):
+            value = getattr(self, name)
+            if (value is not None or name == "embed_scale") and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or not math.isfinite(value) or not value > 0):
+                raise ValueError(f"{name} must be a positive finite number or None, got {name}={value!r}")
+        if self.rope_local_theta is not None:
+            if self.positions != "rope" or "sliding_attention" not in (self.layer_types or ()):
+                raise ValueError("rope_local_theta is the RoPE base of the sliding layers: it needs "
+                                 "positions='rope' and layer_types with 'sliding_attention' entries")
+            if isinstance(self.rope_local_theta, bool) or not isinstance(self.rope_local_theta, int | float) \
+                    or not self.rope_local_theta > 1:
+                raise ValueError(f"rope_local_theta must be a number greater than 1, got {self.rope_local_theta!r}")
         if self.positions == "rope" and not self.rope_theta > 1:
             raise ValueError(f"rope_theta must be greater than 1, got {self.rope_theta}")
 
@@ -280,19 +332,23 @@ class DecoderBlock(nn.Module):
     """One pre-norm decoder block: x + Attn(Norm(x)), then + FFN(Norm(x)).
 
     With ``norm_position="post"`` (OLMo 2) the norms act on the sub-layers' outputs instead:
-    x + Norm(Attn(x)), then + Norm(FFN(x)).
+    x + Norm(Attn(x)), then + Norm(FFN(x)). With ``"sandwich"`` (Gemma 2) both:
+    x + Norm'(Attn(Norm x)), then + Norm'(FFN(Norm x)), the outer norms being
+    ``attn_post_norm`` and ``mlp_post_norm``. ``layer`` (default 0) is the block's index:
+    a layer listed in ``config.no_rope_layers`` ignores the rotation it is handed (NoPE).
 
     Submodules ``attn_norm``, ``attn`` (:class:`~llmbook.transformer.attention.MultiHeadAttention`),
     ``mlp_norm`` and ``mlp`` (:class:`~llmbook.transformer.layers.MLP` or :class:`~llmbook.transformer.layers.SwiGLU`).
     Shapes: (B, T, d) -> (B, T, d).
     """
 
-    def __init__(self, config: TransformerConfig) -> None:
+    def __init__(self, config: TransformerConfig, layer: int = 0) -> None:
         super().__init__()
         c = config
+        self.use_rope = layer not in (c.no_rope_layers or ())
         self.attn_norm = _make_norm(c)
         attention = dict(d_head=c.d_head, qkv_bias=c.qkv_bias, out_bias=c.out_bias,
-                         fused=c.fused_attention)
+                         fused=c.fused_attention, scale=c.attn_scale, softcap=c.attn_softcap)
         self.post_norm = c.norm_position == "post"
         self.attn = QKNormAttention(c.d_model, c.n_heads, c.n_kv_heads, eps=c.norm_eps, scope=c.qk_norm_scope,
                                     **attention) \
@@ -300,13 +356,23 @@ class DecoderBlock(nn.Module):
         self.mlp_norm = _make_norm(c)
         if c.mlp == "gelu":
             self.mlp: nn.Module = MLP(c.d_model, c.d_ff, activation=c.activation, bias=c.mlp_bias)
+        elif c.mlp == "geglu":
+            self.mlp = GeGLU(c.d_model, c.d_ff, bias=c.mlp_bias, activation=c.activation)
         else:
             self.mlp = SwiGLU(c.d_model, c.d_ff, bias=c.mlp_bias)
+        self.sandwich = c.norm_position == "sandwich"
+        if self.sandwich:
+            self.attn_post_norm, self.mlp_post_norm = _make_norm(c), _make_norm(c)
 
     def forward(self, x: Tensor, positions: Tensor | None = None,
                 rope: Callable[[Tensor, Tensor], Tensor] | None = None,
                 cache: AttentionCache | None = None, layer: int = 0,
                 mask: Tensor | None = None) -> Tensor:
+        rope = rope if self.use_rope else None
+        if self.sandwich:  # Gemma 2: x + Norm'(f(Norm x))
+            x = x + self.attn_post_norm(self.attn(self.attn_norm(x), positions=positions, rope=rope,
+                                                  cache=cache, layer=layer, mask=mask))  # (B, T, d)
+            return x + self.mlp_post_norm(self.mlp(self.mlp_norm(x)))  # (B, T, d)
         if self.post_norm:  # OLMo 2: x + Norm(f(x))
             x = x + self.attn_norm(self.attn(x, positions=positions, rope=rope, cache=cache,
                                              layer=layer, mask=mask))  # (B, T, d)
@@ -314,6 +380,28 @@ class DecoderBlock(nn.Module):
         x = x + self.attn(self.attn_norm(x), positions=positions, rope=rope, cache=cache,
                           layer=layer, mask=mask)  # (B, T, d)
         return x + self.mlp(self.mlp_norm(x))  # (B, T, d)
+
+
+class GeGLU(SwiGLU):
+    """The gated feed-forward layer with a GELU gate (Shazeer, 2020), Gemma's MLP:
+
+        GeGLU(x) = W_down (GELU(W_gate x) * W_up x),
+
+    :class:`~llmbook.transformer.layers.SwiGLU` with another gate ``activation`` (a key of
+    :data:`~llmbook.transformer.layers.ACTIVATIONS`; Gemma uses "gelu_tanh", Hugging Face's
+    ``gelu_pytorch_tanh``). Same submodules, shapes and parameter count as SwiGLU.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, bias: bool = False, dtype: torch.dtype | None = None,
+                 activation: str = "gelu_tanh") -> None:
+        super().__init__(d_model, d_ff, bias=bias, dtype=dtype)
+        _choice("activation", activation, tuple(sorted(ACTIVATIONS)))
+        self.activation = activation
+        self.act = ACTIVATIONS[activation]
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = _check_input(x, self.d_model, "GeGLU")
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))  # (..., d_model)
 
 
 def _make_norm(c: TransformerConfig) -> nn.Module:
@@ -349,12 +437,14 @@ class TransformerLM(nn.Module):
         if not isinstance(config, TransformerConfig):
             raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
         self.config = c = config
-        self.embed = TokenEmbedding(c.vocab_size, c.d_model, std=c.init_std)
+        self.embed = TokenEmbedding(c.vocab_size, c.d_model, std=c.init_std, scale=c.embed_scale)
         self.pos_embed = LearnedPositions(c.max_seq_len, c.d_model, std=c.init_std) \
             if c.positions == "learned" else None
         self.rope = RotaryEmbedding(c.d_head, c.rope_theta, c.max_seq_len, c.rope_interleaved,
                                     scaling=c.rope_scaling) if c.positions == "rope" else None
-        self.blocks = nn.ModuleList(DecoderBlock(c) for _ in range(c.n_layers))
+        self.rope_local = None if c.rope_local_theta is None else \
+            RotaryEmbedding(c.d_head, c.rope_local_theta, c.max_seq_len, c.rope_interleaved)  # Gemma 3's local layers
+        self.blocks = nn.ModuleList(DecoderBlock(c, layer) for layer in range(c.n_layers))
         self.final_norm = _make_norm(c)
         self.lm_head = None if c.tie_embeddings else nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.reset_parameters(generator)
@@ -445,9 +535,10 @@ class TransformerLM(nn.Module):
         chapter 17) with each seeing only itself.
         """
         h = self.hidden_states(ids, positions, cache, mask)  # (B, T, d)
-        if self.lm_head is None:
-            return F.linear(h, self.embed.weight)  # (B, T, V): z = h E^T, tied
-        return self.lm_head(h)  # (B, T, V)
+        z = F.linear(h, self.embed.weight) if self.lm_head is None else self.lm_head(h)  # (B, T, V); tied: h E^T
+        if self.config.final_softcap is not None:  # Gemma 2: cap tanh(z / cap)
+            z = soft_cap(z, self.config.final_softcap)
+        return z
 
     def hidden_states(self, ids: Tensor, positions: Tensor | None = None,
                       cache: AttentionCache | None = None, mask: Tensor | None = None) -> Tensor:
@@ -461,26 +552,23 @@ class TransformerLM(nn.Module):
             positions = self._check_cache(ids, positions, cache)
         positions = self._check_inputs(ids, positions)
         x = F.embedding(ids, self.embed.weight)  # (B, T, d): the lookup E[ids] of chapter 2
+        if c.embed_scale != 1.0:  # Gemma: E[ids] sqrt(d)
+            x = x * c.embed_scale
         if self.pos_embed is not None:
             x = x + self.pos_embed.weight[positions]  # (B, T, d)
-        rope = None
-        if self.rope is not None:  # look the rotation up once and share it with every layer
-            cos, sin = self.rope.cos[positions], self.rope.sin[positions]  # (..., T, d_head/2)
-            if positions.ndim == 2:
-                cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d_head/2), shared by the heads
-            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-            interleaved = self.rope.interleaved
-
-            def rope(t: Tensor, _positions: Tensor) -> Tensor:
-                return apply_rotary(t, cos, sin, interleaved=interleaved)  # (B, H, T, d_head)
-
+        rope = _rotation(self.rope, positions, x.dtype)  # looked up once, shared by every layer
+        rope_local = rope if self.rope_local is None else _rotation(self.rope_local, positions, x.dtype)
+        local_mask = mask
         if c.sliding_window is not None:  # Mistral: key j visible from query i if i - j < W
             k_pos = positions if cache is None else torch.arange(cache.length + ids.shape[1], device=ids.device)
             band = (positions[..., :, None] - k_pos[..., None, :]) < c.sliding_window  # (T, T_k) or (B, T, T_k)
             band = band[:, None] if band.ndim == 3 else band  # (B, 1, T, T_k): shared by the heads
-            mask = band if mask is None else mask & band
+            local_mask = band if mask is None else mask & band
+        types = c.layer_types or ("sliding_attention",) * c.n_layers
         for layer, block in enumerate(self.blocks):
-            x = block(x, positions, rope, cache, layer, mask)  # (B, T, d)
+            local = types[layer] == "sliding_attention"  # Gemma 2 and 3: local / global layers
+            x = block(x, positions, rope_local if local else rope, cache, layer,
+                      local_mask if local else mask)  # (B, T, d)
         if cache is not None:
             cache.advance(ids.shape[1])
         return self.final_norm(x)  # (B, T, d)
@@ -488,6 +576,24 @@ class TransformerLM(nn.Module):
     def num_parameters(self) -> int:
         """The number of distinct parameters (a tied matrix counts once)."""
         return sum(p.numel() for p in self.parameters())
+
+
+def _rotation(rope: RotaryEmbedding | None, positions: Tensor,
+              dtype: torch.dtype) -> Callable[[Tensor, Tensor], Tensor] | None:
+    """The rotation of ``rope`` at ``positions`` (T,) or (B, T), looked up once, as a function of
+    the queries or keys (B, H, T, d_head); None without RoPE."""
+    if rope is None:
+        return None
+    cos, sin = rope.cos[positions], rope.sin[positions]  # (..., T, d_head/2)
+    if positions.ndim == 2:
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d_head/2), shared by the heads
+    cos, sin = cos.to(dtype), sin.to(dtype)
+    interleaved = rope.interleaved
+
+    def rotate(t: Tensor, _positions: Tensor) -> Tensor:
+        return apply_rotary(t, cos, sin, interleaved=interleaved)  # (B, H, T, d_head)
+
+    return rotate
 
 
 def minimal_forward(model: TransformerLM, ids: Tensor) -> Tensor:
@@ -503,8 +609,10 @@ def minimal_forward(model: TransformerLM, ids: Tensor) -> Tensor:
         raise TypeError(f"model must be a TransformerLM, got {type(model).__name__}")
     if not isinstance(ids, Tensor) or ids.ndim != 2 or ids.dtype not in (torch.int64, torch.int32):
         raise ValueError("ids must be an integer tensor of shape (B, T)")
-    if model.config.sliding_window is not None:
-        raise ValueError("minimal_forward has no sliding-window mask; use TransformerLM.forward")
+    c = model.config
+    if c.sliding_window is not None or c.embed_scale != 1.0 or c.final_softcap is not None:
+        raise ValueError("minimal_forward has no sliding-window mask, embedding scale or logit soft-cap; "
+                         "use TransformerLM.forward")
     positions = torch.arange(ids.shape[1], device=ids.device)  # (T,)
     x = model.embed.weight[ids]  # (B, T, d): E[ids]
     if model.pos_embed is not None:

@@ -79,7 +79,8 @@ def parameter_shares(config: TransformerConfig) -> dict[str, int]:
     norm = d * (1 + (c.norm == "layernorm" and c.norm_bias))  # gain (+ LayerNorm's beta)
     emb = V * d * (1 + (not c.tie_embeddings)) + (c.max_seq_len * d if c.positions == "learned"
                                                    else 0)
-    shares = {"embeddings": emb, "attention": L * attn, "mlp": L * mlp, "norms": (2 * L + 1) * norm}
+    per_layer = 4 if c.norm_position == "sandwich" else 2  # Gemma 2 adds a norm after each sub-layer
+    shares = {"embeddings": emb, "attention": L * attn, "mlp": L * mlp, "norms": (per_layer * L + 1) * norm}
     shares["total"] = sum(shares.values())
     return shares
 

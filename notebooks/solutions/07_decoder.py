@@ -136,6 +136,31 @@ def scale_queries_and_keys(model: TransformerLM, c: float) -> TransformerLM:
     return out
 
 
+def softcap_loss_bound(vocab_size: int, cap: float) -> float:
+    """Exercise 7: the largest cross-entropy a model whose logits lie in (-cap, cap) can have.
+
+    ell = log sum_v exp(z_v) - z_y < log(V exp(cap)) + cap = log V + 2 cap, whatever the weights."""
+    return math.log(vocab_size) + 2 * cap
+
+
+def worst_token_loss(model: TransformerLM, ids: torch.Tensor, targets: torch.Tensor) -> float:
+    """Exercise 7: the largest per-token cross-entropy (nats) of ``model`` on ``ids`` (B, T)
+    with ``targets`` (B, T), computed in float64."""
+    with torch.no_grad():
+        z = model(ids).double()  # (B, T, V)
+    return F.cross_entropy(z.flatten(0, 1), targets.flatten(), reduction="none").max().item()
+
+
+def scale_output_layer(model: TransformerLM, c: float, final_softcap: float | None) -> TransformerLM:
+    """Exercise 7: a copy of ``model`` with the output matrix (E when tied) times ``c`` and the
+    final soft-cap set to ``final_softcap`` (None: none)."""
+    out = TransformerLM(dataclasses.replace(model.config, final_softcap=final_softcap)).to(model.embed.weight.dtype)
+    out.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        (out.embed if out.lm_head is None else out.lm_head).weight.mul_(c)
+    return out
+
+
 if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
     from llmbook.nbtools import run_solution_tests
 
