@@ -15,13 +15,16 @@
 # 4. **a learning-rate schedule** (linear warmup, cosine decay) and **gradient clipping**;
 # 5. the three optimisers racing on a two-dimensional valley, and a final check: on a small
 #    transformer, 100 training steps with `llmbook.training.optim` give the same parameters as
-#    `torch.optim`.
+#    `torch.optim`;
+# 6. the optimisers practitioners use now: Muon, Adafactor and Lion, each checked against
+#    PyTorch or SymPy, and the warmup-stable-decay schedule.
 #
 # The optimisers live in `llmbook.training.optim` as subclasses of `torch.optim.Optimizer`, so
 # parameter groups and checkpoints work as in PyTorch.
 
 # %%
 import copy
+import math
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -43,7 +46,9 @@ from llmbook.training.optim import (
     cosine_schedule,
     gradient_vector,
     set_lr,
+    wsd_schedule,
 )
+from llmbook.training.optimisers_modern import Adafactor, Lion, Muon, newton_schulz
 from llmbook.transformer.attention import MultiHeadAttention
 from llmbook.transformer.layers import MLP, LayerNorm
 
@@ -781,6 +786,241 @@ for name, (_, _, loss_ours, loss_ref) in results.items():
     print(f"{name:27s} loss at step 100: {loss_ours:.4f} (torch.optim: {loss_ref:.4f})")
 
 # %% [markdown]
+# ## 9.8 Optimisers practitioners use now
+#
+# AdamW is still the default, but three newer rules are in wide use, and the cosine
+# schedule has a rival. `llmbook.training.optimisers_modern` holds the optimisers, each
+# following its PyTorch counterpart operation by operation where there is one.
+#
+# **Muon** (Jordan et al., 2024, "Muon: An optimizer for hidden layers in neural
+# networks") treats a weight matrix as a matrix. It keeps SGD's momentum $B$ and then
+# replaces the step $M$ (with PyTorch's conventions $B \leftarrow \mu B + (1-\mu) g$
+# and Nesterov's look-ahead $M = (1-\mu) g + \mu B$) by the nearest matrix with all
+# singular values equal to one: if $M = U S V^\top$, the update is $U V^\top$. Every singular direction of the
+# momentum then moves by the same amount, the rare directions as far as the dominant one.
+# An SVD per step would be slow on an accelerator, so $U V^\top$ is approximated by a
+# Newton–Schulz iteration that uses only matrix products: with $X_0 = M/\lVert M\rVert_F$
+# (singular values in $(0, 1]$), $X \leftarrow aX + b\,(XX^\top)X + c\,(XX^\top)^2X$.
+# SymPy shows why this works: with $X = USV^\top$ and $U, V$ orthonormal the step is
+# $U\,p(S)\,V^\top$ with $p(x) = ax + bx^3 + cx^5$, the same polynomial for every singular
+# value, and $U$, $V$ never change (checked on a $2\times2$ example with rotations of
+# rational entries and symbolic singular values):
+
+# %%
+a_ns, b_ns, c_ns, x_ns = sp.symbols("a b c x", real=True)
+U_ns = sp.Matrix([[3, -4], [4, 3]]) / 5  # orthogonal, with rational entries so that expand decides
+V_ns = sp.Matrix([[5, -12], [12, 5]]) / 13
+S_ns = sp.diag(*sp.symbols("s_1 s_2", positive=True))
+X_ns = U_ns * S_ns * V_ns.T
+A_ns = X_ns * X_ns.T
+step_ns = a_ns * X_ns + b_ns * A_ns * X_ns + c_ns * A_ns**2 * X_ns
+p_ns = lambda v: a_ns * v + b_ns * v**3 + c_ns * v**5  # noqa: E731
+assert sp.expand(step_ns - U_ns * sp.diag(*[p_ns(s_) for s_ in S_ns.diagonal()]) * V_ns.T) == sp.zeros(2, 2)
+quintic = {a_ns: 3.4445, b_ns: -4.7750, c_ns: 2.0315}  # Jordan et al.'s coefficients, torch's default
+cubic = {a_ns: sp.Rational(3, 2), b_ns: -sp.Rational(1, 2), c_ns: 0}
+print(f"cubic (3/2, -1/2, 0): p(1) = {p_ns(1).subs(cubic)}, p'(1) = {sp.diff(p_ns(x_ns), x_ns).subs(cubic).subs(x_ns, 1)}, "
+      f"p'(0) = {sp.diff(p_ns(x_ns), x_ns).subs(cubic).subs(x_ns, 0)}")
+print(f"quintic: p(1) = {float(p_ns(1).subs(quintic)):.4f}, p'(0) = {float(sp.diff(p_ns(x_ns), x_ns).subs(quintic).subs(x_ns, 0)):.4f}")
+
+# %% [markdown]
+# The classical cubic has the fixed point $p(1) = 1$ with zero slope, so it converges to
+# $UV^\top$, but it multiplies a small singular value by only $3/2$ per step. Jordan et al.
+# chose a quintic with slope $a = 3.4445$ at zero: five steps lift even tiny singular values
+# close to one, at the price of not converging (the values end scattered around one,
+# between about 0.5 and 1.5 by Jordan et al.'s account). The book's `newton_schulz` runs
+# in bfloat16 like PyTorch's; in float64 it must equal $U\,p^5(S/\lVert M\rVert_F)\,V^\top$ computed from an SVD, which is
+# the first check below. The second runs `Muon` and `torch.optim.Muon` (defaults: momentum
+# 0.95, Nesterov, weight decay 0.1, the step scaled by $\sqrt{\max(1, n/m)}$ for an
+# $n\times m$ matrix) for 20 steps on a tall and a wide float64 matrix.
+
+# %%
+show_source(newton_schulz)
+
+# %%
+def race_with_peer(make_ours, make_ref, shapes, steps=20):
+    """Max |difference| of the parameters after both optimisers see the same gradients."""
+    gen = torch.Generator().manual_seed(0)
+    start = [torch.randn(*s_, dtype=f64, generator=gen) for s_ in shapes]
+    ours, ref = [nn.Parameter(w.clone()) for w in start], [nn.Parameter(w.clone()) for w in start]
+    opt_ours, opt_ref = make_ours(ours), make_ref(ref)
+    for _ in range(steps):
+        for p_, q_ in zip(ours, ref, strict=True):
+            p_.grad = torch.randn(p_.shape, dtype=f64, generator=gen) + p_.detach()  # noise + theta
+            q_.grad = p_.grad.clone()
+        opt_ours.step()
+        opt_ref.step()
+    return max((p_ - q_).abs().max().item() for p_, q_ in zip(ours, ref, strict=True)), opt_ours, ours
+
+
+G_ns = torch.randn(12, 20, dtype=f64, generator=torch.Generator().manual_seed(1))
+U_svd, S_svd, Vh_svd = torch.linalg.svd(G_ns, full_matrices=False)
+s_poly = S_svd / S_svd.norm()
+for _ in range(5):
+    s_poly = 3.4445 * s_poly - 4.7750 * s_poly**3 + 2.0315 * s_poly**5
+checks = Checks("Muon against an SVD and against torch.optim.Muon")
+checks.close("newton_schulz (float64) = U p^5(S / |G|_F) V^T, G 12 x 20", U_svd @ torch.diag(s_poly) @ Vh_svd,
+             newton_schulz(G_ns, dtype=f64), tol=1e-12)
+for kw in [{}, {"nesterov": False, "momentum": 0.9, "adjust_lr_fn": "match_rms_adamw"}]:
+    diff, _, _ = race_with_peer(lambda q, kw=kw: Muon(q, lr=0.02, **kw), lambda q, kw=kw: torch.optim.Muon(q, lr=0.02, **kw),
+                                [(7, 12), (12, 5)])
+    checks.close(f"20 steps, 7 x 12 and 12 x 5 in float64, {kw or 'defaults'}", 0.0, diff, tol=0)
+checks
+
+# %% [markdown]
+# **Adafactor** (Shazeer & Stern, 2018, "Adafactor: Adaptive Learning Rates with Sublinear
+# Memory Cost") saves memory. Adam's second moment $v$ has one number per weight; for an
+# $n \times m$ matrix Adafactor keeps only the running means of $g^2$ over each row, $R$
+# ($n$ numbers), and over each column, $C$ ($m$ numbers), and estimates
+# $\hat V = R\,C/\operatorname{mean}(R)$, the rank-one matrix with those row and column
+# means. It has no first moment, a decay $\hat\beta_{2,t} = 1 - t^{-0.8}$ that starts at zero
+# instead of a bias correction, a step *relative* to the weight's size,
+# $\alpha_t = \max(\varepsilon_2, \mathrm{RMS}(\theta))\,\min(\eta, 1/\sqrt t)$, and it clips the
+# update $U = g/\sqrt{\hat V}$ to $\mathrm{RMS}(U) \le d = 1$. We follow
+# `torch.optim.Adafactor`, whose defaults are the paper's ($\eta = 10^{-2}$, $\varepsilon_2 =
+# 10^{-3}$, $d = 1$, exponent $-0.8$) with two differences: $\varepsilon_1$ (machine epsilon
+# of the dtype, squared) is a floor on $\hat V$ rather than $10^{-30}$ added to $g^2$, and
+# there is an optional decoupled weight decay. The check runs both on a matrix, a vector
+# (which keeps the full $v$) and a 3-D tensor (factored over its last two axes).
+#
+# **Lion** (Chen et al., 2023, "Symbolic Discovery of Optimization Algorithms"), found by a
+# program search, steps along the *sign* of an interpolation of momentum and gradient:
+#
+# $$ c = \beta_1 m + (1-\beta_1) g, \qquad \theta \leftarrow \theta(1-\eta\lambda) - \eta\,\operatorname{sign}(c),
+#    \qquad m \leftarrow \beta_2 m + (1-\beta_2) g, $$
+#
+# with $\beta_1 = 0.9$, $\beta_2 = 0.99$. Every coordinate moves by exactly $\eta$, so Lion
+# wants a smaller $\eta$ than AdamW, and it keeps one state tensor where Adam keeps two.
+# PyTorch has no Lion, so the check is against the three lines above, evaluated by SymPy for
+# two steps on four coordinates (in the first step $c = 0$ in the third coordinate, which
+# therefore only decays; in the second, $c$ changes sign in the first coordinate while $m$
+# does not).
+
+# %%
+diff_af, opt_af, params_af = race_with_peer(lambda q: Adafactor(q, weight_decay=0.1),
+                                            lambda q: torch.optim.Adafactor(q, weight_decay=0.1),
+                                            [(7, 12), (9,), (2, 3, 4)])
+th_l, m_l, g_l, eta_l, b1_l, b2_l, lam_l = sp.symbols("theta m g eta beta_1 beta_2 lambda", real=True)
+lion_theta = th_l * (1 - eta_l * lam_l) - eta_l * sp.sign(b1_l * m_l + (1 - b1_l) * g_l)
+lion_m = b2_l * m_l + (1 - b2_l) * g_l
+theta_lion, m_lion = [0.3, -1.2, 2.0, 0.7], [0.0] * 4
+lion_grads = [[1.0, -0.2, 0.0, 3.0], [-0.5, 0.3, 2.0, -3.0]]
+for grads_ in lion_grads:
+    for j in range(4):
+        sub = {eta_l: 0.1, b1_l: 0.9, b2_l: 0.99, lam_l: 0.5, th_l: theta_lion[j], m_l: m_lion[j], g_l: grads_[j]}
+        theta_lion[j], m_lion[j] = float(lion_theta.subs(sub)), float(lion_m.subs(sub))
+p_lion = nn.Parameter(torch.tensor([0.3, -1.2, 2.0, 0.7], dtype=f64))
+opt_lion = Lion([p_lion], lr=0.1, weight_decay=0.5)
+for grads_ in lion_grads:
+    p_lion.grad = torch.tensor(grads_, dtype=f64)
+    opt_lion.step()
+state_numbers = lambda opt_, p_: sum(v.numel() for k_, v in opt_.state[p_].items() if k_ != "step")  # noqa: E731
+p_adam = nn.Parameter(torch.zeros(7, 12, dtype=f64))
+opt_adam = AdamW([p_adam])
+p_adam.grad = torch.ones(7, 12, dtype=f64)
+opt_adam.step()
+
+checks = Checks("Adafactor against torch.optim.Adafactor; Lion against SymPy; optimiser state")
+checks.close("Adafactor: 20 steps, 7 x 12, 9 and 2 x 3 x 4 in float64, weight decay 0.1", 0.0, diff_af, tol=0)
+checks.close("Lion: two steps = SymPy's update (theta)", torch.tensor(theta_lion, dtype=f64), p_lion.detach(), tol=1e-15)
+checks.close("Lion: two steps = SymPy's update (m)", torch.tensor(m_lion, dtype=f64), opt_lion.state[p_lion]["exp_avg"], tol=1e-15)
+checks.equal("state of a 7 x 12 matrix: AdamW 2 n m", 2 * 7 * 12, state_numbers(opt_adam, p_adam))
+checks.equal("state of a 7 x 12 matrix: Adafactor n + m", 7 + 12, state_numbers(opt_af, params_af[0]))
+checks.equal("state of 4 weights: Lion one tensor (4 numbers)", 4, state_numbers(opt_lion, p_lion))
+checks
+
+# %% [markdown]
+# **Warmup-stable-decay.** The cosine schedule must know the run's length $N$ in advance:
+# stopping early leaves the rate high, continuing needs a new schedule. Hu et al. (2024,
+# "MiniCPM: Unveiling the Potential of Small Language Models with Scalable Training
+# Strategies") hold the peak rate after the warmup and decay only in a short final phase of
+# $D$ steps; a run can be continued from any point of the plateau and decayed when wanted.
+# They allow any decreasing function in the decay phase; `wsd_schedule` uses a straight
+# line from $\eta_{\max}$ to $\eta_{\min}$. SymPy evaluates the three pieces exactly at the
+# phase boundaries, with rational rates, and the function must agree:
+
+# %%
+show_source(wsd_schedule)
+
+# %%
+S_w, D_w = sp.symbols("S D", positive=True)
+wsd_sym = sp.Piecewise((eta_max * s / W, s < W), (eta_max, s < S_w), (eta_max - (eta_max - eta_min) * (s - S_w) / D_w, s <= N),
+                       (eta_min, True))
+wsd_values = {eta_max: sp.Rational(1, 100), eta_min: sp.Rational(1, 1000), W: 20, D_w: 60, N: 300, S_w: 240}
+checks = Checks("wsd_schedule at the phase boundaries (SymPy, exact rationals)")
+for step in (0, 10, 20, 239, 240, 270, 300, 400):
+    checks.close(f"lr({step})", float(wsd_sym.subs(wsd_values).subs(s, step)), wsd_schedule(step, 1e-2, 1e-3, 20, 60, 300), tol=1e-18)
+checks
+
+# %% [markdown]
+# **The four on one problem.** Muon is meant for weight matrices, so the test is a matrix
+# least-squares problem: learn $W$ ($16 \times 32$) from $N = 256$ examples,
+# $\mathcal L(W) = \frac1{2N}\lVert WX - Y\rVert_F^2$ with $Y = W^\star X$, where the inputs $X$
+# have scales from 1 down to 0.01 along 32 random orthogonal directions. The badly scaled
+# directions are not the coordinate axes, so Adam's per-coordinate rescaling cannot simply
+# undo them. Each optimiser takes 300 steps from the same random start with the WSD schedule
+# (20 warmup, 60 decay steps, $\eta_{\min} = \eta_{\max}/10$), at three peak rates; no weight
+# decay. Muon's Newton–Schulz iteration runs in float64 here, not bfloat16, so that the
+# run depends less on the CPU's kernels. This is a measurement on one small problem, not a
+# ranking: the figure shows the best rate of each.
+
+# %%
+gen_ls = torch.Generator().manual_seed(0)
+Q_ls, _ = torch.linalg.qr(torch.randn(32, 32, dtype=f64, generator=gen_ls))
+X_ls = Q_ls @ (torch.randn(32, 256, dtype=f64, generator=gen_ls) * torch.logspace(0, -2, 32, dtype=f64)[:, None])
+Y_ls = torch.randn(16, 32, dtype=f64, generator=gen_ls) @ X_ls
+W_start = torch.randn(16, 32, dtype=f64, generator=gen_ls) / 32**0.5
+ls_steps = 300
+
+
+def least_squares_run(make, lr):
+    w = nn.Parameter(W_start.clone())
+    opt = make([w], lr)
+    losses = []
+    for step in range(ls_steps):
+        set_lr(opt, wsd_schedule(step, lr, lr / 10, 20, 60, ls_steps))
+        residual = w.detach() @ X_ls - Y_ls  # (16, 256)
+        w.grad = residual @ X_ls.T / X_ls.shape[1]  # the gradient of the loss, by hand
+        opt.step()
+        losses.append(0.5 * residual.square().sum().item() / X_ls.shape[1])
+    return np.array(losses)
+
+
+modern = {"AdamW": lambda q, lr: AdamW(q, lr=lr, weight_decay=0.0), "Muon": lambda q, lr: Muon(q, lr=lr, weight_decay=0.0, ns_dtype=f64),
+          "Adafactor": lambda q, lr: Adafactor(q, lr=lr), "Lion": lambda q, lr: Lion(q, lr=lr)}
+ls_runs = {(name, lr): least_squares_run(make, lr) for name, make in modern.items() for lr in (0.03, 0.1, 0.3)}
+best_lr = {name: min((0.03, 0.1, 0.3), key=lambda lr, n=name: ls_runs[n, lr][-1]) for name in modern}
+print(f"loss at the start: {ls_runs['AdamW', 0.1][0]:.1f}; after {ls_steps} steps (the decade only: the "
+      f"oscillating runs differ in their second digit from one CPU to another):")
+for name in modern:
+    print(f"{name:9s} at peak rate 0.03 / 0.1 / 0.3: "
+          + " / ".join(f"< 1e{math.ceil(math.log10(ls_runs[name, lr][-1])):+d}" for lr in (0.03, 0.1, 0.3))
+          + f"; best rate {best_lr[name]}")
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+for j, name in enumerate(modern):
+    axes[0].semilogy(ls_runs[name, best_lr[name]], color=f"C{j}", label=f"{name}, peak rate {best_lr[name]}")
+axes[0].set(xlabel="step", ylabel="loss", title="Matrix least squares, 16 x 32, WSD schedule")
+axes[0].legend(fontsize="small")
+axes[1].plot([wsd_schedule(s_, 1.0, 0.1, 20, 60, ls_steps) for s_ in range(ls_steps + 1)], label="warmup-stable-decay")
+axes[1].plot([cosine_schedule(s_, 1.0, 0.1, 20, ls_steps) for s_ in range(ls_steps + 1)], ls="--", label="warmup + cosine")
+axes[1].set(xlabel="step", ylabel="learning rate / peak", title="The two schedules, same warmup and floor")
+axes[1].legend(fontsize="small")
+save_figure(fig, "09_optimisers_modern")
+plt.show()
+
+# %% [markdown]
+# On this problem Muon, Adafactor and Lion oscillate on the plateau and make their last
+# large gain in the decay phase, once the rate falls: the decay, not the plateau, brings
+# their final loss down, which is why a checkpoint taken on the plateau can be continued
+# and decayed later. AdamW's loss falls smoothly throughout. Muon, whose steps treat the
+# badly scaled directions like the others, ends lowest at its best rate; Lion, which moves
+# every weight by exactly $\eta$, does best at the smallest of the three rates, as Chen et
+# al. advise. The printed table shows how much each method depends on its rate: one
+# problem and three rates rank nothing.
+
+
+# %% [markdown]
 # ## Summary
 #
 # * Momentum's buffer $b_t = \sum_i \mu^{t-i} g_i$ weights past gradients geometrically; along
@@ -801,6 +1041,11 @@ for name, (_, _, loss_ours, loss_ref) in results.items():
 #   global gradient norm down to $c$ and keeps its direction.
 # * `llmbook.training.optim`'s SGD, Adam and AdamW reproduce `torch.optim` bit for bit over 100 steps
 #   of a transformer, with parameter groups, a schedule, clipping and a checkpoint resume.
+# * Muon orthogonalises a matrix's momentum with a Newton–Schulz polynomial applied to its
+#   singular values; Adafactor stores $n + m$ second-moment numbers for an $n\times m$ matrix
+#   instead of $nm$; Lion steps by $\eta\operatorname{sign}(\cdot)$ with one state tensor. The
+#   first two equal `torch.optim.Muon` and `torch.optim.Adafactor` step for step, Lion equals
+#   its SymPy update. Warmup-stable-decay holds the peak rate and decays only at the end.
 #
 # ## Exercises
 #
@@ -833,3 +1078,11 @@ for name, (_, _, loss_ours, loss_ref) in results.items():
 #    with the default betas, that `Adam` attains it on the extremal gradient sequence, and
 #    never exceeds it on random ones. (Kingma & Ba, section 2.1, call the step
 #    "approximately bounded" by $\eta$; the worst case is several times larger.)
+# 5. (★★) **How many Newton–Schulz steps?** With the cubic $(a, b, c) = (3/2, -1/2, 0)$,
+#    `newton_schulz` converges to the polar factor $UV^\top$ of $G = USV^\top$. Since each
+#    step maps every normalised singular value $x_i = s_i/\lVert G\rVert_F$ by the same
+#    polynomial, the spectral-norm error after $k$ steps is $\max_i |1 - p^k(x_i)|$. Write
+#    `polar_error(G, steps, coefficients)` (from `torch.linalg.svd`) and
+#    `cubic_steps_needed(x, tol)` (the scalar iteration), and check that the steps needed
+#    for matrices with condition numbers 10 and 1000 are those the smallest $x_i$ needs.
+#    How far from $UV^\top$ is the quintic of Muon after its 5 steps?

@@ -22,6 +22,7 @@ from llmbook.training.optim import (
     cosine_schedule,
     gradient_vector,
     set_lr,
+    wsd_schedule,
 )
 from llmbook.transformer.attention import MultiHeadAttention
 from llmbook.transformer.layers import MLP, LayerNorm
@@ -564,3 +565,36 @@ def test_gradient_vector_bad_input():
         gradient_vector(torch.nn.Linear(2, 2))
     with pytest.raises(TypeError, match="nn.Module or tensors"):
         gradient_vector([1.0, 2.0])
+
+
+# ---------------------------------------------------------------- warmup-stable-decay
+
+
+def test_wsd_schedule_boundaries_exact():
+    kw = {"max_lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 10, "decay_steps": 20, "total_steps": 100}
+    want = {0: 0.0, 5: 5e-4, 10: 1e-3, 50: 1e-3, 79: 1e-3, 80: 1e-3, 90: 5.5e-4, 100: 1e-4, 150: 1e-4}
+    for step, lr in want.items():
+        assert wsd_schedule(step, **kw) == pytest.approx(lr, rel=1e-15, abs=1e-18), step
+    # the plateau does not depend on N; the decay is a straight line (second differences zero)
+    assert wsd_schedule(60, **(kw | {"total_steps": 1000})) == 1e-3
+    lrs = [wsd_schedule(s, **kw) for s in range(80, 101)]
+    assert max(abs(a - 2 * b + c) for a, b, c in zip(lrs, lrs[1:], lrs[2:], strict=False)) < 1e-18
+    # no warmup, no decay: constant
+    assert [wsd_schedule(s, 1.0, 0.0, 0, 0, 10) for s in range(12)] == [1.0] * 10 + [0.0] * 2
+
+
+@given(st.integers(0, 50), st.integers(0, 50), st.integers(0, 100), st.integers(0, 300))
+def test_wsd_schedule_bounds(w, d, extra, step):
+    lr = wsd_schedule(step, 2.0, 0.5, w, d, w + d + extra)
+    assert 0.0 <= lr <= 2.0
+    if step >= w:
+        assert lr >= 0.5
+
+
+def test_wsd_schedule_bad_input():
+    with pytest.raises(ValueError, match="overlap"):
+        wsd_schedule(0, 1.0, 0.1, 60, 50, 100)
+    with pytest.raises(ValueError, match="min_lr"):
+        wsd_schedule(0, 0.1, 1.0, 1, 1, 10)
+    with pytest.raises(TypeError, match="step"):
+        wsd_schedule(1.5, 1.0, 0.1, 1, 1, 10)

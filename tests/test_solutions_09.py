@@ -143,3 +143,34 @@ def test_exercise_4_adam_step_bound():
         )
     assert largest <= 1 + 1e-12
     assert math.isfinite(largest) and largest > 0.5
+
+
+def _matrix_with_singular_values(s, n=9, m=6, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    u, _ = torch.linalg.qr(torch.randn(n, len(s), dtype=torch.float64, generator=gen))
+    v, _ = torch.linalg.qr(torch.randn(m, len(s), dtype=torch.float64, generator=gen))
+    return u @ torch.diag(torch.tensor(s, dtype=torch.float64)) @ v.T
+
+
+@pytest.mark.parametrize("kappa", [10.0, 1000.0])
+def test_exercise_5_newton_schulz_steps(kappa):
+    s = torch.logspace(0, -math.log10(kappa), 6, dtype=torch.float64).tolist()
+    g = _matrix_with_singular_values(s)
+    x = [v / math.sqrt(sum(w * w for w in s)) for v in s]
+    tol = 1e-8
+    k = max(solutions.cubic_steps_needed(v, tol) for v in x)
+    assert k == solutions.cubic_steps_needed(min(x), tol)  # the smallest value is the slowest
+    assert solutions.polar_error(g, k) < tol <= solutions.polar_error(g, k - 1)
+    # the error after any k is the worst singular value's distance from 1
+    for steps, coeffs in [(3, (1.5, -0.5, 0.0)), (5, (3.4445, -4.7750, 2.0315))]:
+        want = max(abs(1 - solutions.scalar_newton_schulz(v, steps, coeffs)) for v in x)
+        assert solutions.polar_error(g, steps, coeffs) == pytest.approx(want, abs=1e-12)
+    # Muon's quintic after 5 steps is not U V^T: off by more than 0.1 in spectral norm
+    assert solutions.polar_error(g, 5, (3.4445, -4.7750, 2.0315)) > 0.1
+
+
+def test_exercise_5_bad_input():
+    with pytest.raises(ValueError, match="x must"):
+        solutions.cubic_steps_needed(0.0, 1e-3)
+    with pytest.raises(ValueError, match="tol"):
+        solutions.cubic_steps_needed(0.5, 0.0)

@@ -7,7 +7,8 @@ Chapter → module → what it defines:
   :mod:`~llmbook.training.autograd`: a scalar autograd engine (``Value``),
   ``numeric_gradient`` (central differences, no autograd) and ``gradcheck``.
 * 9 Optimisers → :mod:`~llmbook.training.optim`: ``SGD``, ``Adam``, ``AdamW``,
-  ``cosine_schedule``, ``clip_grad_norm_``.
+  ``cosine_schedule``, ``wsd_schedule``, ``clip_grad_norm_``;
+  :mod:`~llmbook.training.optimisers_modern`: ``Muon`` (``newton_schulz``), ``Adafactor``, ``Lion``.
 * 10 Training a small language model → :mod:`~llmbook.training.train`: ``get_batch``,
   ``TrainConfig``, ``train_step``, ``evaluate``, ``train``;
   :mod:`~llmbook.training.checkpoint`: atomic saves and safe loads;

@@ -17,6 +17,8 @@ with, written with plain tensor operations so that each line is one line of the 
 * :func:`cosine_schedule`: linear warmup then cosine decay (Loshchilov & Hutter, 2017,
   "SGDR: Stochastic Gradient Descent with Warm Restarts"; the warmup as in Goyal et al.,
   2017, "Accurate, Large Minibatch SGD"), and :func:`set_lr` to apply it;
+* :func:`wsd_schedule`: warmup, a stable plateau at the peak rate, then a short linear
+  decay (the warmup-stable-decay schedule of Hu et al., 2024, "MiniCPM");
 * :func:`clip_grad_norm_`: rescale all gradients together when their global L2 norm
   exceeds a threshold (Pascanu et al., 2013, "On the difficulty of training recurrent
   neural networks").
@@ -38,7 +40,9 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-__all__ = ["SGD", "Adam", "AdamW", "clip_grad_norm_", "cosine_schedule", "gradient_vector", "set_lr"]
+__all__ = [
+    "SGD", "Adam", "AdamW", "clip_grad_norm_", "cosine_schedule", "gradient_vector", "set_lr", "wsd_schedule",
+]
 
 Params = Iterable[Tensor] | Iterable[dict[str, Any]]
 
@@ -320,6 +324,47 @@ def cosine_schedule(
         return min_lr
     progress = (step - warmup_steps) / (total_steps - warmup_steps)  # in [0, 1)
     return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def wsd_schedule(
+    step: int, max_lr: float, min_lr: float, warmup_steps: int, decay_steps: int, total_steps: int
+) -> float:
+    """The learning rate at ``step`` of warmup, a stable plateau, then a linear decay.
+
+    With s = step, W = warmup_steps, D = decay_steps, N = total_steps and S = N - D the
+    start of the decay (W <= S):
+
+        lr(s) = max_lr * s / W                                  for s < W,
+        lr(s) = max_lr                                          for W <= s < S,
+        lr(s) = max_lr - (max_lr - min_lr) * (s - S) / D        for S <= s <= N,
+        lr(s) = min_lr                                          for s > N.
+
+    The warmup-stable-decay schedule of Hu et al. (2024, "MiniCPM"), who allow any
+    decreasing function in the decay phase; this one is linear. Unlike the cosine, the
+    plateau does not depend on N, so a run can be continued from any step of the plateau
+    and decayed when wanted. Continuous: lr(0) = 0, lr(W) = lr(S) = max_lr, lr(N) = min_lr.
+    """
+    step = _check_step_int("step", step)
+    warmup_steps = _check_step_int("warmup_steps", warmup_steps)
+    decay_steps = _check_step_int("decay_steps", decay_steps)
+    total_steps = _check_step_int("total_steps", total_steps)
+    max_lr = _check_number("max_lr", max_lr)
+    min_lr = _check_number("min_lr", min_lr)
+    if warmup_steps + decay_steps > total_steps:
+        raise ValueError(
+            f"warmup_steps={warmup_steps} + decay_steps={decay_steps} > total_steps={total_steps}: "
+            f"the phases overlap"
+        )
+    if min_lr > max_lr:
+        raise ValueError(f"min_lr={min_lr} must not exceed max_lr={max_lr}")
+    decay_start = total_steps - decay_steps
+    if step < warmup_steps:
+        return max_lr * step / warmup_steps
+    if step < decay_start:
+        return max_lr
+    if step >= total_steps:
+        return min_lr
+    return max_lr - (max_lr - min_lr) * (step - decay_start) / decay_steps
 
 
 def set_lr(optimizer: Optimizer, lr: float) -> None:

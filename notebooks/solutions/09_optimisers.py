@@ -183,3 +183,44 @@ if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these
     from llmbook.nbtools import run_solution_tests
 
     raise SystemExit(run_solution_tests(__file__))
+
+
+# ---------------------------------------------------------------- exercise 5
+
+
+def polar_error(
+    g: Tensor, steps: int, coefficients: tuple[float, float, float] = (1.5, -0.5, 0.0)
+) -> float:
+    """Exercise 5: spectral norm of newton_schulz(g) - U V^T, in float64 (g = U S V^T)."""
+    from llmbook.training.optimisers_modern import newton_schulz
+
+    g = g.to(torch.float64)
+    u, _, vh = torch.linalg.svd(g, full_matrices=False)
+    out = newton_schulz(g, steps=steps, coefficients=coefficients, dtype=torch.float64)
+    return torch.linalg.matrix_norm(out - u @ vh, ord=2).item()
+
+
+def scalar_newton_schulz(x: float, steps: int, coefficients: tuple[float, float, float] = (1.5, -0.5, 0.0)) -> float:
+    """Exercise 5: p^steps(x) with p(x) = a x + b x^3 + c x^5 (what one singular value goes through)."""
+    a, b, c = coefficients
+    for _ in range(steps):
+        x = a * x + b * x**3 + c * x**5
+    return x
+
+
+def cubic_steps_needed(x: float, tol: float) -> int:
+    """Exercise 5: steps of the cubic until |1 - p^k(x)| < tol, for x in (0, 1].
+
+    On (0, 1] the cubic p(x) = (3 x - x^3) / 2 increases x toward its fixed point 1
+    (1 - p(x) = (1 - x)^2 (2 + x) / 2), so the count is finite; the smallest singular value
+    of a matrix needs the most steps.
+    """
+    if not 0 < x <= 1:
+        raise ValueError(f"x must lie in (0, 1], got x={x}")
+    if not tol > 0:
+        raise ValueError(f"tol must be > 0, got tol={tol}")
+    k = 0
+    while abs(1 - x) >= tol:
+        x = 1.5 * x - 0.5 * x**3
+        k += 1
+    return k
