@@ -43,10 +43,12 @@
 import copy
 import itertools
 import math
+import re
 import time
 
 import matplotlib.pyplot as plt
 import numpy as np
+import regex
 import sympy as sp
 import torch
 from IPython.display import display
@@ -60,6 +62,13 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from llmbook.inference.constrained import (
+    allowed_along,
+    build_index,
+    compile_regex,
+    constrained_generate,
+    token_strings,
+)
 from llmbook.inference.gguf import load_model
 from llmbook.inference.kvcache import KVCache, kv_cache_bytes
 from llmbook.inference.sampling import (
@@ -1294,6 +1303,107 @@ print(f"cost ratio c = {c_copy:.3f}, acceptance {a_copy:.2f}: predicted speed-up
 # (chapter 12b).
 
 # %% [markdown]
+# ## 12.10 Constrained decoding
+#
+# When a program reads the model's answer (a date, a JSON object, the arguments of a
+# function call), a polite sentence around it is an error. Constrained decoding makes
+# invalid strings impossible rather than unlikely: at every step, each token that could not
+# lead to a valid string gets the logit $-\infty$. Willard & Louf (2023, "Efficient Guided
+# Generation for Large Language Models") do this for any regular expression with two
+# tables computed once, before decoding:
+#
+# 1. `compile_regex` turns the expression into a deterministic finite automaton (DFA)
+#    over characters: Thompson's construction of a nondeterministic automaton, then the
+#    subset construction, one DFA state per set of NFA states reached.
+# 2. `build_index` walks, from each DFA state $s$, the characters of each token $v$ of the
+#    vocabulary. Token $v$ is allowed in $s$ if the walk ends in a *live* state, one from
+#    which some sequence of tokens reaches an accepting state; the end-of-turn token is
+#    allowed only in an accepting state. The result is a mask of shape $(S, V)$ and the
+#    state each allowed token leads to.
+#
+# A decoding step then costs one row of the mask. Two things keep the index cheap on
+# SmolLM2's vocabulary: a token holding a character that no edge of the automaton reads dies
+# in every state, so only tokens made of readable characters are walked; and each
+# (state, character) transition is computed once and cached. Tokens that are special, or
+# only part of a UTF-8 character, are never allowed. Below, the index of three patterns:
+# any four, two and two digits; a calendar date (a month that exists, a day no later than
+# the thirty-first); and a small JSON object.
+
+# %%
+vocab_text = token_strings(chat_tok.vocab, chat_tok.special_token_ids.values())  # V strings (None: never)
+patterns = {"digits": r"\d{4}-\d{2}-\d{2}",
+            "calendar": r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",
+            "JSON": r'\{"age": [0-9]+\}'}
+indices = {name: build_index(compile_regex(p), vocab_text, chat_tok.stop_token_ids)
+           for name, p in patterns.items()}
+print(f"{sum(t is None for t in vocab_text)} of V = {len(vocab_text)} tokens are never allowed")
+for name, ix in indices.items():
+    print(f"{name:8} {patterns[name]}: {ix.walked} tokens walked, {ix.allowed.shape[0]} live states,"
+          f" allowed per state {ix.allowed.sum(dim=1).tolist()}")
+
+# %% [markdown]
+# The masks are checked against a peer that knows nothing of automata: the `regex`
+# package's partial matching, which says whether a string can still be extended to a
+# match. A token is allowed after a prefix exactly when prefix + token can be extended
+# (every character of these patterns is a token of its own, so "can be extended by
+# characters" and "by tokens" agree), and the end-of-turn tokens exactly when the prefix
+# already matches. Each such check runs over all 49,152 tokens: two prefixes where the
+# calendar pattern differs from the plain digits, and one of the JSON pattern.
+
+# %%
+checks = Checks("the token masks against regex's partial matching")
+for name, prefix in [("calendar", "1969-"), ("calendar", "1969-1"), ("JSON", '{"age": 4')]:
+    ix, peer = indices[name], regex.compile(patterns[name])
+    brute = torch.tensor([t is not None and peer.fullmatch(prefix + t, partial=True) is not None
+                          for t in vocab_text])  # (V,)
+    brute[list(chat_tok.stop_token_ids)] = peer.fullmatch(prefix) is not None
+    checks.true(f"{name} after {prefix!r}: allowed tokens", torch.equal(ix.allowed[ix.row(prefix)], brute),
+                int(brute.sum()))
+checks
+
+# %% [markdown]
+# Now the real model. Asked for the date of the Moon landing, SmolLM2 answers in a
+# sentence (its first six tokens below); constrained by the calendar pattern, it must
+# write a date. Both runs are greedy (`constrained_generate` masks the logits and calls
+# `sample_next`, with the KV cache). Python's `re.fullmatch` checks the constrained answer,
+# and a teacher-forced replay checks that every greedy choice won by more than $10^{-3}$
+# among the tokens it was allowed, so that the text reads the same on any CPU.
+
+# %%
+moon_ids = torch.tensor([chat_tok.encode_chat(
+    [{"role": "user", "content": "On what date did Apollo 11 land on the Moon?"}])])  # (1, T)
+T_moon = moon_ids.shape[1]
+free_moon = generate(real_model, moon_ids, 6, temperature=0)  # (1, T + 6)
+dated, _ = constrained_generate(real_model, moon_ids, indices["calendar"], 12)
+dated_text = chat_tok.decode(dated[:-1])
+print(f"free      {chat_tok.decode(free_moon[0, T_moon:].tolist())!r} ...")
+print(f"calendar  {chat_tok.decode(dated)!r}")
+checks = Checks("a constrained answer of SmolLM2")
+gaps = choice_margins(free_moon, T_moon)
+checks.true(f"free: every gap >= {margin_floor(gaps)} (> 1e-3)", float(gaps.min()) > 1e-3)
+checks.true("calendar: re.fullmatch of the answer, then an end-of-turn token",
+            re.fullmatch(patterns["calendar"], dated_text) is not None and dated[-1] in chat_tok.stop_token_ids,
+            dated_text)
+with torch.no_grad():
+    z = real_model(torch.cat([moon_ids, torch.tensor([dated[:-1]])], dim=1))[0, T_moon - 1:]  # (n, V)
+best = torch.topk(z.masked_fill(~allowed_along(indices["calendar"], dated), float("-inf")), 2, dim=-1)
+gaps = best.values[:, 0] - best.values[:, 1]  # +inf where only one token was allowed
+checks.true(f"calendar: the replay picks the same tokens, every gap >= {margin_floor(gaps)} (> 1e-3)",
+            best.indices[:, 0].tolist() == dated and float(gaps.min()) > 1e-3)
+checks
+
+# %% [markdown]
+# The free answer begins in words. Forced to begin with a digit where it wanted to write
+# "Apollo", the model loses the thread and writes the year 1473. The calendar pattern keeps
+# the month and the day in range, which the plain digits pattern would not. A mask guarantees the form of the answer, never its content, and it can hurt the
+# content: the model is pushed onto tokens it found unlikely, from which its own
+# continuation no longer makes sense. Practice therefore states the format in the prompt as
+# well, or lets the model write freely first and constrains only the final answer.
+# Libraries such as Outlines and llama.cpp's grammars
+# build these indices for JSON schemas and context-free grammars; the principle is the
+# one above.
+
+# %% [markdown]
 # ## Summary
 #
 # * Greedy and beam search maximise probability; for open-ended text that produces loops.
@@ -1323,6 +1433,10 @@ print(f"cost ratio c = {c_copy:.3f}, acceptance {a_copy:.2f}: predicted speed-up
 #   falls into a loop it grows surer of with every repetition; the repetition penalty and
 #   the n-gram ban break it at a cost, sampling does not enter it. Printed text that
 #   depends on float32 logits is shown only with a margin of $10^{-3}$ on every choice.
+# * Constrained decoding compiles a regular expression to a DFA and, once, each DFA state
+#   to a mask over the vocabulary (Willard & Louf, 2023); masked logits make every finished
+#   answer match, as the `regex` package's partial matching and `re.fullmatch` confirm. The
+#   mask fixes the form of an answer, not its truth.
 #
 # ## Exercises
 #
@@ -1344,5 +1458,10 @@ print(f"cost ratio c = {c_copy:.3f}, acceptance {a_copy:.2f}: predicted speed-up
 # 4. (★) **Cache memory.** Use `kv_cache_bytes` to compute the KV cache of Llama 2 7B
 #    ($L = 32$, $H_{kv} = 32$, $d_{head} = 128$) at $T = 4096$, $B = 1$ in bfloat16, and
 #    the same with 8 KV heads (grouped-query attention). Write `llama_cache_gib(n_kv_heads)`.
+# 5. (★★) **Counting what a pattern allows.** Write `count_matches(pattern, alphabet, n)`:
+#    the number of strings of $n$ characters that the pattern matches, by dynamic
+#    programming over the states of `compile_regex(pattern)` (carry a count per state, one
+#    character at a time). How many strings does the calendar pattern of section 12.10
+#    accept, how many of them fall in one year, and how many dates has a year?
 #
 # Reference solutions: `notebooks/solutions/12_decoding.py`.

@@ -1,6 +1,9 @@
 """The exercise solutions of notebooks/12_decoding hold."""
 
+import calendar
+import itertools
 import math
+import re
 
 import pytest
 import torch
@@ -69,3 +72,23 @@ def test_best_gamma() -> None:
 def test_llama_cache_gib() -> None:
     assert solutions.llama_cache_gib(32) == 2.0  # 2 * 32 * 4096 * 32 * 128 * 2 bytes
     assert solutions.llama_cache_gib(8) == 0.5
+
+
+CALENDAR = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+
+
+@pytest.mark.parametrize("pattern", [r"a(b|c)*", r"[ab]{2}c?", r"(ab|ba)+|c"])
+def test_count_matches_equals_enumeration(pattern) -> None:
+    for n in range(6):
+        brute = sum(re.fullmatch(pattern, "".join(w)) is not None for w in itertools.product("abc", repeat=n))
+        assert solutions.count_matches(pattern, "abc", n) == brute
+
+
+def test_count_matches_dates() -> None:
+    digits = "0123456789-"
+    assert solutions.count_matches(CALENDAR, digits, 10) == 10**4 * 12 * 31
+    assert solutions.count_matches(r"\d{4}-\d{2}-\d{2}", digits, 10) == 10**8
+    assert solutions.count_matches(CALENDAR, digits, 9) == 0
+    year = "2024-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+    real = sum(calendar.monthrange(2024, m)[1] for m in range(1, 13))
+    assert (solutions.count_matches(year, digits, 10), real) == (372, 366)

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from llmbook.inference.constrained import compile_regex
 from llmbook.inference.kvcache import kv_cache_bytes
 from llmbook.inference.sampling import apply_temperature, speculative_speedup
 from llmbook.transformer.model import TransformerConfig
@@ -66,6 +67,27 @@ def llama_cache_gib(n_kv_heads: int = 32, seq_len: int = 4096) -> float:
     """Exercise 4: the KV cache of Llama 2 7B (L = 32, d_head = 128) in bfloat16, B = 1, GiB."""
     config = TransformerConfig.llama_style(n_kv_heads=n_kv_heads)
     return kv_cache_bytes(config, 1, seq_len, torch.bfloat16) / 2**30
+
+
+def count_matches(pattern: str, alphabet: str, length: int) -> int:
+    """Exercise 5: how many strings of ``length`` characters from ``alphabet`` the pattern
+    matches in full, by dynamic programming over its DFA (``compile_regex``).
+
+    counts[s] is the number of strings read so far that end in state s; each character
+    moves every count along one transition, dead ends (-1) dropped. The calendar pattern
+    accepts 10^4 * 12 * 31 = 3,720,000 strings, 372 per year, where a year has 365 or 366
+    dates: a regular expression cannot know that April has 30 days without listing them."""
+    dfa = compile_regex(pattern)
+    counts = {0: 1}
+    for _ in range(length):
+        nxt: dict[int, int] = {}
+        for state, n in counts.items():
+            for c in alphabet:
+                t = dfa.step(state, c)
+                if t >= 0:
+                    nxt[t] = nxt.get(t, 0) + n
+        counts = nxt
+    return sum(n for state, n in counts.items() if dfa.accepting[state])
 
 
 if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
