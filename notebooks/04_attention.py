@@ -40,6 +40,7 @@ from sympy.stats import E as expectation
 from sympy.stats import Normal, Rademacher
 from torch.utils.flop_counter import FlopCounterMode
 
+from llmbook.inference.attention_variants import sliding_window_mask
 from llmbook.nbtools import (
     Checks,
     ClaimGrades,
@@ -58,8 +59,11 @@ from llmbook.transformer.attention import (
     causal_mask,
     minimal_multi_head_attention,
     scaled_dot_product_attention,
+    sink_attention_weights,
+    sliding_window_reach,
     soft_cap,
 )
+from llmbook.transformer.hf_loading import from_hf, randomize_parameters_
 from llmbook.transformer.layers import RMSNorm
 from llmbook.transformer.model import QKNormAttention
 
@@ -1034,7 +1038,138 @@ plt.show()
 # $T \times T$ matrices have outgrown a cache. The count of operations is exact (it was
 # checked above); the time per operation is what depends on the machine. Chapter 14 returns
 # to this: FlashAttention never stores the $T \times T$ matrix at all.
+
+# %% [markdown]
+# ## 4.7 Sliding windows and attention sinks
 #
+# Two changes to the causal mask and the softmax are common in models readers run today.
+# **Sliding-window attention** (Beltagy, Peters & Cohan, 2020; Mistral 7B, Jiang et al., 2023)
+# lets query $i$ see only the $W$ most recent positions $i - W + 1, \dots, i$, so a layer costs
+# $O(TW)$ instead of $O(T^2)$ and a cache holds $W$ positions (chapter 13 builds that rolling
+# cache). A token further back is not lost: layer 2 reads outputs of layer 1 that already hold
+# $W - 1$ positions of their own past, so the reach grows by $W - 1$ per layer. SymPy solves
+# the recurrence $r_L = r_{L-1} + (W - 1)$, $r_0 = 0$:
+
+# %%
+L_sym, W_sym = sp.symbols("L W", positive=True, integer=True)
+r_fn = sp.Function("r")
+reach_sym = sp.rsolve(r_fn(L_sym) - r_fn(L_sym - 1) - (W_sym - 1), r_fn(L_sym), {r_fn(0): 0})
+display(sp.Eq(sp.Symbol("r_L"), sp.factor(reach_sym)))
+print("Mistral 7B (32 layers, W = 4096): reach", reach_sym.subs({L_sym: 32, W_sym: 4096}), "positions")
+
+# %%
+show_source(sliding_window_reach)
+
+# %% [markdown]
+# Two independent checks. First, the boolean mask of one layer composed $L$ times (query $i$
+# depends on key $j$ after $L$ layers exactly when the $L$-th power of the 0/1 mask matrix
+# has a non-zero entry at $(i, j)$) must reach exactly $L(W-1)$ back, for every $L$ and $W$ of
+# a small grid. Second, Hugging Face's `MistralForCausalLM` itself: a random two-layer model
+# with $W = 4$ (with random noise of std 0.1 added to every weight), loaded into the book's
+# `TransformerLM` by `from_hf`; the logits must agree (to float32 round-off, relative 1e-5:
+# Hugging Face's RMSNorm computes in float32 even in a float64 model), and changing the first token must
+# change the outputs at positions $0, \dots, 2 \cdot 3 = 6$ and at none after, in both models.
+
+# %%
+checks = Checks("sliding-window reach")
+T_r = 24
+ij_r = torch.arange(T_r)[:, None] - torch.arange(T_r)[None, :]  # (T, T): i - j
+for L_r, W_r in ((1, 3), (2, 3), (3, 4), (4, 2), (2, 7)):
+    composed = torch.linalg.matrix_power(sliding_window_mask(T_r, T_r, W_r).long(), L_r) > 0
+    checks.equal(f"L = {L_r}, W = {W_r}: composed masks reach L(W-1) = {sliding_window_reach(L_r, W_r)}",
+                 ((ij_r >= 0) & (ij_r <= sliding_window_reach(L_r, W_r))).tolist(), composed.tolist())
+
+import transformers  # noqa: E402
+
+torch.manual_seed(0)
+mistral = transformers.MistralForCausalLM(transformers.MistralConfig(
+    vocab_size=101, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=12, max_position_embeddings=64, sliding_window=4,
+    attn_implementation="eager")).double().eval()
+with torch.no_grad():
+    randomize_parameters_(mistral, 0.1, torch.Generator().manual_seed(1))
+book_mistral = from_hf(mistral).double().eval()
+ids_m = torch.randint(0, 101, (1, 12), generator=torch.Generator().manual_seed(2))
+ids_m2 = ids_m.clone()
+ids_m2[0, 0] = (ids_m[0, 0] + 1) % 101
+with torch.no_grad():
+    logit_pairs = {name: (m_(ids_m).logits if name == "Hugging Face" else m_(ids_m),
+                          m_(ids_m2).logits if name == "Hugging Face" else m_(ids_m2))
+                   for name, m_ in (("Hugging Face", mistral), ("book", book_mistral))}
+hf_l, book_l = logit_pairs["Hugging Face"][0], logit_pairs["book"][0]
+mistral_err = ((hf_l - book_l).abs().max() / hf_l.abs().max()).item()  # float32 round-off: not printed
+checks.true("book TransformerLM vs MistralForCausalLM (W = 4): relative logit error < 1e-5",
+            mistral_err < 1e-5)
+for name, (a_, b_) in logit_pairs.items():
+    changed = [t for t in range(12) if (a_[0, t] - b_[0, t]).abs().max().item() > 1e-6]
+    checks.equal(f"{name}: positions changed by token 0", list(range(sliding_window_reach(2, 4) + 1)), changed)
+checks
+
+# %% [markdown]
+# **Attention sinks.** Every row of a softmax sums to 1, so a head has to put its weight
+# somewhere even when no key is relevant; trained models park it on the first token (Xiao
+# et al., 2023, who call such tokens attention sinks, and chapter 24b finds them in SmolLM2).
+# gpt-oss gives each head a learned logit $s_h$ that sits in the softmax's denominator and
+# belongs to no key (OpenAI, 2025):
+# $$a_j = \frac{e^{z_j}}{e^{s_h} + \sum_i e^{z_i}}, \qquad
+#   \text{left to the sink} = \frac{e^{s_h}}{e^{s_h} + \sum_i e^{z_i}},$$
+# so a row's weights sum to less than 1 and the output $\sum_j a_j v_j$ can shrink towards 0:
+# the head can abstain. For a row of $T$ equal scores $z$, SymPy gives the sink's share and
+# what it takes to keep half of the weight in the sink:
+
+# %%
+s_k, z_k, T_k_sym = sp.symbols("s z T", real=True)
+sink_share = sp.exp(s_k) / (sp.exp(s_k) + T_k_sym * sp.exp(z_k))
+(half_at,) = sp.solve(sp.Eq(sink_share, sp.Rational(1, 2)), s_k)
+display(sp.Eq(sp.Symbol(r"\text{sink share}"), sink_share), sp.Eq(sp.Symbol("s_{1/2}"), sp.simplify(half_at)))
+
+# %%
+show_source(sink_attention_weights)
+
+# %% [markdown]
+# The peer is `eager_attention_forward` of Hugging Face's gpt-oss, which appends the sink as
+# an extra column of logits and drops its column after the softmax (the book's function takes
+# a log-sum-exp instead). In float64, with a bottom-right causal mask and grouped heads
+# repeated, both must agree to round-off; the closed form above must match the function for
+# rows of equal scores. A fixed sink loses its share as the context grows, since
+# $s_{1/2} = z + \log T$ rises with $T$: the table measures it at $s = 4$, $z = 0$.
+
+# %%
+from transformers.models.gpt_oss.modeling_gpt_oss import (  # noqa: E402
+    eager_attention_forward as gpt_oss_attention,
+)
+
+g_s = torch.Generator().manual_seed(7)
+H_s, T_qs, T_ks, d_s = 4, 5, 9, 16
+q_s, k_s, v_s = (torch.randn(2, H_s, n_, d_s, generator=g_s, dtype=torch.float64) for n_ in (T_qs, T_ks, T_ks))
+sinks_s = 2 * torch.randn(H_s, generator=g_s, dtype=torch.float64)
+mask_s = causal_mask(T_qs, T_ks, offset=T_ks - T_qs)
+sink_module = torch.nn.Module().eval()
+sink_module.sinks, sink_module.num_key_value_groups = torch.nn.Parameter(sinks_s), 1
+out_peer, w_peer = gpt_oss_attention(
+    sink_module, q_s, k_s, v_s, torch.zeros(T_qs, T_ks, dtype=torch.float64).masked_fill(~mask_s, float("-inf")),
+    scaling=d_s**-0.5)
+w_s, left_s = sink_attention_weights(q_s, k_s, sinks_s, mask=mask_s)
+checks = Checks("attention sinks against gpt-oss and the closed form")
+checks.close("weights vs gpt-oss eager_attention_forward", w_peer.detach(), w_s, tol=1e-13)
+checks.close("outputs vs gpt-oss", out_peer.detach(), (w_s @ v_s).transpose(1, 2), tol=1e-13)
+for T_e in (1, 16, 256, 4096):
+    _, left_e = sink_attention_weights(torch.ones(1, 1, 1, dtype=torch.float64),
+                                       torch.zeros(1, T_e, 1, dtype=torch.float64),
+                                       torch.tensor([4.0], dtype=torch.float64))
+    checks.close(f"T = {T_e}: share left to a sink s = 4 (measured {left_e.item():.4f})",
+                 float(sink_share.subs({s_k: 4, z_k: 0, T_k_sym: T_e})), left_e.item(), tol=1e-12)
+print(f"rows of the random example leave between {left_s.min().item():.3f} and "
+      f"{left_s.max().item():.3f} of their weight to the sink")
+checks
+
+# %% [markdown]
+# With $s = 4$ a lone key gets a small fraction of its row and the sink nearly all of it; with
+# 4096 keys the sink's share has fallen to about a hundredth, so a head that wants to stay "off" over a long context must
+# learn to lower its scores below $s - \log T$, or its sink logit must be large. The sink
+# changes nothing else: with $s = -\infty$ it is ordinary attention.
+
+# %% [markdown]
 # ## Summary
 #
 # * Attention is $\operatorname{softmax}(QK^\top/\sqrt{d_k})V$, with $Q, K, V$ three linear
@@ -1062,6 +1197,10 @@ plt.show()
 # * The cost is $8Td^2 + 4T^2d$ FLOPs (checked with `FlopCounterMode`), quadratic beyond
 #   $T = 2d$; the measured time grows more slowly than $T^2$ while fixed costs dominate,
 #   and can grow faster once the $T \times T$ matrices no longer fit in the caches.
+# * A sliding window of $W$ positions reaches $L(W-1)$ positions back after $L$ layers
+#   (composed masks and Hugging Face's Mistral agree); a sink logit per head (gpt-oss) lets
+#   a row leave the weight $e^{s}/(e^{s} + \sum_i e^{z_i})$ to no key, equal to Hugging Face's
+#   gpt-oss attention.
 #
 # ## Exercises
 #
@@ -1092,3 +1231,8 @@ plt.show()
 #    row of $T$ keys, $1/(1 + (T - 1)e^{2\sqrt{d_{\text{head}}}})$; check that random queries
 #    and keys never go below it, and that the floor is reached when one key points opposite
 #    to the query and all others along it.
+# 6. (★) **A sink is a key with a zero value.** Show that attention with a sink logit $s_h$
+#    equals ordinary attention over one extra key whose score is $s_h$ for every query and
+#    whose value vector is zero. Write `sink_as_extra_key(q, k, v, sinks, mask)` with
+#    `scaled_dot_product_attention` and a float mask that adds $s_h$ to the extra key's score,
+#    and check it against `sink_attention_weights(...)[0] @ v`.

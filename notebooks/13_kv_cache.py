@@ -39,6 +39,7 @@
 
 # %%
 import json
+import math
 import time
 from pathlib import Path
 
@@ -62,7 +63,16 @@ from llmbook.inference.attention_variants import (
     sliding_window_decode,
     sliding_window_mask,
 )
-from llmbook.inference.kvcache import Int8KVCache, KVCache, PagedKVCache, PagePool, kv_cache_bytes
+from llmbook.inference.kvcache import (
+    Int8KVCache,
+    KVCache,
+    PagedKVCache,
+    PagePool,
+    SinkKVCache,
+    kv_cache_bytes,
+    sink_window_mask,
+)
+from llmbook.inference.real_quant import heldout_ids
 from llmbook.inference.sampling import generate
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
 from llmbook.training.pretrained import book_model
@@ -739,6 +749,69 @@ plt.show()
 # work and the cache per token stay constant however long the text.
 
 # %% [markdown]
+# ### Attention sinks and StreamingLLM
+#
+# A window can also drop something a model relies on. Xiao et al. (2023) found that trained
+# models put much of their attention on the first few tokens whatever they say (attention
+# sinks: a softmax row must sum to 1, and the first tokens are visible to every query, so
+# they become the place to park unneeded weight; section 4.7 of chapter 4 shows gpt-oss's
+# learned alternative). Evicting them changes every row's normalisation. StreamingLLM keeps
+# the first $k$ positions (the paper uses $k = 4$) next to the $W$ most recent ones, a
+# cache of $k + W$ positions. `SinkKVCache` caches keys after RoPE, so every kept key keeps
+# its **original position**; the paper re-numbers positions inside the cache instead, so
+# that positions never exceed the cache's size. Ours is the simpler version and is valid
+# only while the stream fits the model's context; its advantage is that decoding with it
+# equals one full pass with the mask `sink_window_mask`, which makes measuring cheap.
+
+# %%
+show_source(sink_window_mask)
+
+# %% [markdown]
+# The check: decoding 60 tokens one at a time through a `SinkKVCache` ($k = 4$, $W = 16$)
+# on the book's text model (in float64) must give the logits of one pass with the mask. Then the
+# measurement on SmolLM2: the first 256 tokens of the book's own prose
+# (`data/heldout_prose.txt`, no BOS token), with $W = 32$, scored on the tokens from
+# position $k + W = 36$ on, where the three caches differ: (a) the window alone, (b) the
+# $k = 4$ sinks and the window, (c) the full cache.
+
+# %%
+T_st, W_st, S_st = 60, 16, 4
+ids_st = torch.randint(0, text_model.config.vocab_size, (1, T_st), generator=torch.Generator().manual_seed(13))
+text64 = TransformerLM(text_model.config).double().eval()  # float64 copy: round-off far below the check
+text64.load_state_dict(text_model.state_dict())
+sink_cache = SinkKVCache.for_model(text64, 1, W_st, S_st)
+with torch.no_grad():
+    streamed = torch.cat([text64(ids_st[:, t:t + 1], cache=sink_cache) for t in range(T_st)], dim=1)
+    one_pass = text64(ids_st, mask=sink_window_mask(T_st, T_st, W_st, S_st))
+checks = Checks("StreamingLLM")
+stream_err = (one_pass - streamed).abs().max().item()  # float64 round-off, CPU-dependent: not printed
+checks.true(f"SinkKVCache decoding vs one pass with sink_window_mask (T = {T_st}, float64): "
+            f"max |difference| < 1e-9", stream_err < 1e-9)
+checks.equal("positions kept in the cache", S_st + W_st, sink_cache.keys[0].shape[2])
+
+T_pp, W_pp, S_pp = 256, 32, 4
+prose_ids = heldout_ids(smol_tok)[None, :T_pp]  # (1, T)
+caches_st = {"(a) window only": sink_window_mask(T_pp, T_pp, W_pp, 0),
+             "(b) 4 sinks + window": sink_window_mask(T_pp, T_pp, W_pp, S_pp),
+             "(c) full cache": causal_mask(T_pp)}
+ppl_st = {}
+with torch.no_grad():
+    for name, m_st in caches_st.items():
+        logits_st = smol(prose_ids, mask=m_st)[0, S_pp + W_pp - 1:-1]  # predicts tokens 36..255
+        ppl_st[name] = math.exp(F.cross_entropy(logits_st.double(), prose_ids[0, S_pp + W_pp:]).item())
+for name, p_st in ppl_st.items():
+    print(f"SmolLM2, {name:22s} perplexity {p_st:.0f} on {T_pp - S_pp - W_pp} tokens")
+checks.true("Xiao et al.'s claim: sinks + window beat the window alone",
+            ppl_st["(b) 4 sinks + window"] < ppl_st["(a) window only"])
+checks
+
+# %% [markdown]
+# Removing the first four tokens from what a query may see multiplies SmolLM2's perplexity
+# several times over, although each query still sees its 32 latest tokens; keeping them
+# recovers most of the loss with a cache of 36 positions. The remaining gap to the full
+# cache is the context beyond the window that the text really uses.
+
+# %% [markdown]
 # ## 13.7 The roofline: why decoding is memory-bound
 #
 # Section 13.2 noted that FLOPs are not time. The *roofline model* (Williams, Waterman &
@@ -1189,7 +1262,9 @@ print(f"keys: largest channel / median channel (absmax over tokens), median over
 #   $d_R$-dimensional rotated key shared by all heads, absorbs the up-projections into the
 #   query and output maps, and then attends like MQA with one key of width $d_c + d_R$
 #   (equal to Hugging Face's DeepSeek-V3 attention to float64 round-off); sliding windows
-#   cap the cache at $W$.
+#   cap the cache at $W$. Evicting the first tokens hurts: on SmolLM2 a window alone
+#   scores far worse than the same window plus the first four tokens (StreamingLLM's
+#   attention sinks), which comes close to the full cache.
 # * Arithmetic intensity decides what limits a step: about $B$ FLOPs per byte for a bf16
 #   decode step, about $T B$ for a prefill, against some 300 for an H100. Decoding is
 #   memory-bound (its time is the time to read the weights and the cache), prefill is

@@ -258,8 +258,8 @@ show_source(int8_matmul)
 # The error of W8A8 against the float product is predicted from the scales alone by section
 # 15.1's rule: to first order $\hat A\hat B^\top - AB^\top \approx E_A B^\top + A E_B^\top$ with
 # independent rounding errors of variance $\Delta^2/12$, so
-# $\mathbb E\lVert \hat A\hat B^\top - AB^\top\rVert_F^2 \approx \sum_m \frac{(s^A_m)^2}{12}\lVert B\rVert_F^2
-# + \sum_n \frac{(s^B_n)^2}{12}\lVert A\rVert_F^2$. The squared error is a sum over
+# $\mathbb E\lVert \hat A\hat B^\top - AB^\top\rVert_F^2 \approx \sum_m \frac{(s^A_m)^2}{12}\lVert B\rVert_F^2 +
+# \sum_n \frac{(s^B_n)^2}{12}\lVert A\rVert_F^2$. The squared error is a sum over
 # $16 \times 24 = 384$ outputs, each close to Gaussian, so it scatters by about
 # $\sqrt{2/384} \approx 7\,\%$ and its root by half that; the check allows 15 %, fixed before
 # the run.

@@ -592,3 +592,101 @@ def test_attention_softcap_equals_gemma2_eager():
     assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5), (got - expected).abs().max()
     assert torch.equal(got, got_fused)
     assert (got - plain).abs().max() > 1e-2  # the cap changed the output
+
+
+# ---------------------------------------------------------------- issue 27 round 2: windows and sinks
+
+from llmbook.inference.attention_variants import sliding_window_mask  # noqa: E402
+from llmbook.transformer.attention import sink_attention_weights, sliding_window_reach  # noqa: E402
+
+
+def test_sliding_window_reach_worked_values_and_bad_input():
+    assert sliding_window_reach(1, 4) == 3
+    assert sliding_window_reach(32, 4096) == 32 * 4095  # Mistral 7B: 131,040 positions
+    assert sliding_window_reach(5, 1) == 0
+    for bad in ((0, 4), (2, 0), (2.0, 4), (True, 4)):
+        with pytest.raises((ValueError, TypeError), match="n_layers|window"):
+            sliding_window_reach(*bad)
+
+
+@settings(max_examples=25, deadline=None)
+@given(L=st.integers(1, 4), W=st.integers(1, 6), T=st.integers(1, 30))
+def test_sliding_window_reach_equals_composed_masks(L, W, T):
+    # position i depends on j after L layers iff the L-fold boolean product of the mask links them
+    m = sliding_window_mask(T, T, W).to(torch.int64)  # (T, T)
+    reach = torch.linalg.matrix_power(m, L) > 0
+    i, j = torch.meshgrid(torch.arange(T), torch.arange(T), indexing="ij")
+    want = (j <= i) & (i - j <= sliding_window_reach(L, W))
+    assert torch.equal(reach, want)
+
+
+def _gpt_oss_peer(q, k, v, sinks, mask):
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    module = torch.nn.Module()
+    module.sinks, module.num_key_value_groups = torch.nn.Parameter(sinks), 1
+    module.eval()
+    add = torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, float("-inf"))
+    return eager_attention_forward(module, q, k, v, add, scaling=q.shape[-1] ** -0.5)
+
+
+@pytest.mark.parametrize("B,H,T_q,T_k,d", [(2, 3, 4, 7, 5), (1, 2, 6, 6, 8)])
+def test_sink_attention_equals_transformers_gpt_oss(B, H, T_q, T_k, d):
+    g = torch.Generator().manual_seed(B * 100 + T_q)
+    q, k, v = (torch.randn(B, H, n, d, generator=g, dtype=torch.float64) for n in (T_q, T_k, T_k))
+    sinks = torch.randn(H, generator=g, dtype=torch.float64) * 2
+    mask = causal_mask(T_q, T_k, offset=T_k - T_q)
+    out_hf, w_hf = _gpt_oss_peer(q, k, v, sinks, mask)
+    w, sink_w = sink_attention_weights(q, k, sinks, mask=mask)
+    assert torch.allclose(w, w_hf, rtol=0, atol=1e-14)
+    assert torch.allclose((w @ v).transpose(1, 2), out_hf, rtol=0, atol=1e-13)
+    assert torch.allclose(w.sum(-1) + sink_w, torch.ones(B, H, T_q, dtype=torch.float64), atol=1e-14)
+
+
+def test_sink_attention_worked_example_and_limits():
+    # one head, two keys with scores 0 and log 2, sink logit log 3: denominator 1 + 2 + 3 = 6
+    q = torch.tensor([[[[1.0, 0.0]]]], dtype=torch.float64)  # (1, 1, 1, 2)
+    k = torch.tensor([[[[0.0, 0.0], [math.log(2), 0.0]]]], dtype=torch.float64)  # (1, 1, 2, 2)
+    w, s = sink_attention_weights(q, k, torch.tensor([math.log(3)], dtype=torch.float64), scale=1.0)
+    assert torch.allclose(w, torch.tensor([[[[1 / 6, 2 / 6]]]], dtype=torch.float64), atol=1e-15)
+    assert torch.allclose(s, torch.tensor([[[0.5]]], dtype=torch.float64), atol=1e-15)
+    # a sink at -inf is plain attention; a fully masked row gives everything to the sink
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 4, 3, generator=g), torch.randn(2, 5, 3, generator=g)
+    w, s = sink_attention_weights(q, k, torch.full((2,), float("-inf")))
+    assert torch.allclose(w, attention_weights(q, k), atol=1e-6) and torch.all(s == 0)
+    dead = torch.zeros(4, 5, dtype=torch.bool)
+    w, s = sink_attention_weights(q, k, torch.zeros(2), mask=dead)
+    assert torch.all(w == 0) and torch.all(s == 1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(T_k=st.integers(1, 9), s=st.floats(-5, 5), z=st.floats(-5, 5))
+def test_sink_weight_of_equal_scores_is_the_closed_form(T_k, s, z):
+    # all scores equal to z: the sink keeps e^s / (e^s + T_k e^z)
+    q = torch.ones(1, 1, 1, dtype=torch.float64)
+    k = torch.full((1, T_k, 1), z, dtype=torch.float64)
+    w, sink = sink_attention_weights(q, k, torch.tensor([s], dtype=torch.float64), scale=1.0)
+    want = math.exp(s) / (math.exp(s) + T_k * math.exp(z))
+    assert abs(sink.item() - want) < 1e-12 and torch.allclose(w, torch.full_like(w, (1 - want) / T_k))
+
+
+def test_sink_attention_gradcheck_float64():
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    sinks = torch.randn(2, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = causal_mask(3, 5, offset=2)
+    assert torch.autograd.gradcheck(lambda a, b, c: sink_attention_weights(a, b, c, mask=mask), (q, k, sinks))
+
+
+def test_sink_attention_bad_input():
+    q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    with pytest.raises(ValueError, match=r"sinks must have shape \(H,\)"):
+        sink_attention_weights(q, k, torch.zeros(3))
+    with pytest.raises(TypeError, match="sinks must be a floating-point"):
+        sink_attention_weights(q, k, torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="q must have shape"):
+        sink_attention_weights(torch.randn(3, 4), torch.randn(5, 4), torch.zeros(1))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        sink_attention_weights(q, k, torch.zeros(2), mask=torch.ones(3, 4, dtype=torch.bool))

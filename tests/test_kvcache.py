@@ -276,3 +276,70 @@ def test_int8_cache_close_to_float_cache_and_smaller():
     c = model.config
     assert cache.num_bytes() == 2 * c.n_layers * 2 * c.n_kv_heads * c.max_seq_len * (c.d_head + 4)
     assert cache.keys[0].dtype == torch.int8
+
+
+# ---------------------------------------------------------------- StreamingLLM (issue 27 round 2)
+
+from llmbook.inference.attention_variants import sliding_window_mask  # noqa: E402
+from llmbook.inference.kvcache import SinkKVCache, sink_window_mask  # noqa: E402
+
+
+def test_sink_window_mask_worked_example_and_special_cases():
+    m = sink_window_mask(6, 6, window=2, n_sink=1)
+    assert m.int().tolist() == [[1, 0, 0, 0, 0, 0],
+                                [1, 1, 0, 0, 0, 0],
+                                [1, 1, 1, 0, 0, 0],
+                                [1, 0, 1, 1, 0, 0],
+                                [1, 0, 0, 1, 1, 0],
+                                [1, 0, 0, 0, 1, 1]]
+    assert torch.equal(sink_window_mask(5, 9, 3, 0, offset=4), sliding_window_mask(5, 9, 3, offset=4))
+    assert torch.equal(sink_window_mask(7, 7, 7, 2), torch.ones(7, 7, dtype=torch.bool).tril())
+    for bad, exc in (((3, 3, 0, 1), ValueError), ((3, 3, 2, -1), ValueError), ((3, 3, 2, 1.5), ValueError)):
+        with pytest.raises(exc, match="window|n_sink"):
+            sink_window_mask(*bad)
+
+
+@settings(max_examples=20, deadline=None)
+@given(T=st.integers(1, 25), W=st.integers(1, 8), S=st.integers(0, 5))
+def test_sink_window_mask_row_counts(T, W, S):
+    # row i sees min(i + 1, S + W) keys: the sinks and the window never overlap beyond that
+    counts = sink_window_mask(T, T, W, S).sum(-1)
+    assert counts.tolist() == [min(i + 1, S + W) for i in range(T)]
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["gpt2", "llama_gqa"])
+@pytest.mark.parametrize("window,n_sink,prefill", [(5, 2, 4), (3, 0, 1), (4, 3, 7)])
+def test_sink_cache_decoding_equals_masked_full_pass(which, window, n_sink, prefill):
+    model = _model(_configs(False)[which])
+    ids = torch.randint(0, V, (2, 30), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full = model(ids, mask=sink_window_mask(30, 30, window, n_sink))  # (2, 30, V)
+        cache = SinkKVCache.for_model(model, 2, window, n_sink)
+        steps = [model(ids[:, :prefill], cache=cache)]
+        steps += [model(ids[:, t:t + 1], cache=cache) for t in range(prefill, 30)]
+        causal = model(ids)
+    assert cache.length == 30 and cache.keys[0].shape[2] == n_sink + window
+    assert cache.num_bytes() == 2 * model.config.n_layers * 2 * model.config.n_kv_heads * \
+        (n_sink + window) * model.config.d_head * 4
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+    assert (causal[:, -1] - full[:, -1]).abs().max() > 1e-3  # the eviction does change the output
+
+
+def test_sink_cache_bad_input():
+    cache = SinkKVCache(2, 1, 2, 4, window=3, n_sink=1, max_seq_len=50)
+    with pytest.raises(ValueError, match="layer must be"):
+        cache.update(2, torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))
+    with pytest.raises(ValueError, match=r"k must have shape"):
+        cache.update(0, torch.zeros(1, 3, 1, 4), torch.zeros(1, 3, 1, 4))
+    with pytest.raises(ValueError, match="one at a time"):
+        cache.update(0, torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4))
+    with pytest.raises(ValueError, match="n_sink"):
+        SinkKVCache(2, 1, 2, 4, window=3, n_sink=-1, max_seq_len=50)
+    with pytest.raises(ValueError, match="num_positions"):
+        cache.advance(-1)
+    full = SinkKVCache(1, 1, 1, 2, window=2, n_sink=1, max_seq_len=3)
+    for _ in range(3):
+        full.update(0, torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
+        full.advance(1)
+    with pytest.raises(ValueError, match="max_seq_len=3"):
+        full.update(0, torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))

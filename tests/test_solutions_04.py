@@ -118,3 +118,20 @@ def test_exercise_5_qk_norm_weight_floor():
         A_ext = attention_weights(norm(u[None, None]), norm(k_ext))
     assert A_ext[0, 0, 0].item() == pytest.approx(floor, rel=1e-12)
     assert solutions.qk_norm_weight_floor(64, 32) < solutions.qk_norm_weight_floor(16, 32)
+
+
+def test_exercise_6_sink_is_an_extra_key_with_zero_value():
+    from llmbook.transformer.attention import sink_attention_weights
+
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 3, 7, 5, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 3, 7, 6, generator=g, dtype=torch.float64)
+    sinks = torch.tensor([-1.0, 0.5, 3.0], dtype=torch.float64)
+    mask = causal_mask(4, 7, offset=3)
+    w, left = sink_attention_weights(q, k, sinks, mask=mask)
+    out = solutions.sink_as_extra_key(q, k, v, sinks, mask=mask)
+    assert out.shape == (2, 3, 4, 6)
+    assert torch.allclose(out, w @ v, rtol=0, atol=1e-14)
+    assert left.min() > 0.01  # the sink takes weight, so this differs from plain attention
+    assert not torch.allclose(out, attention_weights(q, k, mask=mask) @ v, atol=1e-3)

@@ -323,14 +323,24 @@ CITATIONS: dict[str, str] = {
     "Muennighoff et al. 2023": "muennighoff2023", "Sardana et al. 2024": "sardana2024",
     # issue 27, chapter 07
     "Yang et al. 2025": "yang2025qwen3", "OLMo et al. 2024": "olmo2024olmo2",
+    "Kamath et al. 2025": "kamath2025gemma3", "Kazemnejad et al. 2023": "kazemnejad2023nope",
     # issue 27, chapter 04
     "Riviere et al. 2024": "riviere2024gemma2",
+    # issue 27 round 2, chapters 04/13
+    "OpenAI 2025": "openai2025gptoss",
     # issue 27, chapter 01
     "Land & Bartolo 2024": "land2024magikarp",
     # issue 27, chapter 02
     "Gao et al. 2019": "gao2019degeneration",
     # issue 27, chapter 12
     "Yang et al. 2023": "yang2023reference",
+    # issue 27, chapter 14
+    "Dao et al. 2023": "dao2023flashdecoding", "Dong et al. 2024": "dong2024flex",
+    # issue 27 round 2, chapter 09
+    "Jordan et al. 2024": "jordan2024muon", "Shazeer & Stern 2018": "shazeer2018adafactor",
+    "Hu et al. 2024": "hu2024minicpm",
+    # issue 27 round 2, chapter 12
+    "Willard & Louf 2023": "willard2023guided",
 }
 
 #: (chapter, name as in :data:`CITATIONS`) -> key, for names two papers share: LLaMA and
@@ -344,6 +354,7 @@ CHAPTER_CITATIONS: dict[tuple[str, str], str] = {
     ("05", "Chen et al. 2023"): "chen2023interpolation",
     ("12", "Chen et al. 2023"): "chen2023speculative",
     ("12b", "Chen et al. 2023"): "chen2023speculative",
+    ("09", "Chen et al. 2023"): "chen2023lion",  # issue 27 round 2, chapter 09
     ("05", "Peng et al. 2023"): "peng2023yarn",
     ("23", "Peng et al. 2023"): "peng2023rwkv",
     ("13", "DeepSeek-AI 2024"): "deepseek2024v2",

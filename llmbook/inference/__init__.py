@@ -12,6 +12,9 @@ Chapter → module → what it defines:
   :mod:`~llmbook.inference.kvcache`: ``KVCache`` (it implements the model's
   ``AttentionCache`` interface) and ``kv_cache_bytes``; ``PagePool`` and
   ``PagedKVCache`` (pages, block tables, prefix caching) are chapter 13's.
+  :mod:`~llmbook.inference.constrained`: constrained decoding, a regular expression
+  compiled to a DFA (``compile_regex``) and to per-state token masks (``build_index``,
+  Willard & Louf 2023), ``constrained_generate``.
 * 12b Multi-token prediction → :mod:`~llmbook.inference.mtp_decode`: self-speculative
   decoding with the extra heads of :mod:`llmbook.training.mtp`
   (``self_speculative_generate``, ``self_speculative_batch``), the exact distribution of
@@ -27,6 +30,8 @@ Chapter → module → what it defines:
   ``profile_decode_step``).
 * 14 FlashAttention → :mod:`~llmbook.inference.flash`: the online-softmax merge rule,
   ``flash_attention_reference`` (forward and backward, tiled) and the memory model;
+  ``flash_attention_masked`` (masks as functions, fully hidden tiles skipped) and
+  ``split_kv_attention`` (Flash-Decoding);
   :mod:`~llmbook.inference.flash_triton`: the Triton kernels.
 * 15 Quantisation → :mod:`~llmbook.inference.quant`: absmax, zero-point and NF4
   quantisation, ``int8_matmul``, ``QuantLinear``; :mod:`~llmbook.inference.gptq`:

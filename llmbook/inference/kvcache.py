@@ -30,6 +30,13 @@ keys and values, gathered through the block table.
 :class:`Int8KVCache` halves the cache again against 16 bits: every key and value vector (one
 token, one head) is stored as int8 with its own absmax scale (:func:`quantize_kv_int8`),
 which bounds the error of every element by scale / 2 = absmax / 254.
+
+:class:`SinkKVCache` is StreamingLLM's cache (Xiao et al., 2023, "Efficient Streaming Language
+Models with Attention Sinks", section 3.2): it keeps the first ``n_sink`` positions (the
+"attention sinks") and the ``window`` most recent ones, evicting the rest, so memory stays
+n_sink + window positions however long the stream. Keys are cached after RoPE, so each kept
+key keeps its original position (the paper re-numbers positions inside the cache instead);
+decoding with it equals a full pass with :func:`sink_window_mask`.
 """
 
 from __future__ import annotations
@@ -41,8 +48,8 @@ from torch import Tensor
 
 from llmbook.validation import check_positive_int
 
-__all__ = ["Int8KVCache", "KVCache", "PagePool", "PagedKVCache", "dequantize_kv_int8",
-           "kv_cache_bytes", "quantize_kv_int8"]
+__all__ = ["Int8KVCache", "KVCache", "PagePool", "PagedKVCache", "SinkKVCache", "dequantize_kv_int8",
+           "kv_cache_bytes", "quantize_kv_int8", "sink_window_mask"]
 
 
 def kv_cache_bytes(config: Any, batch_size: int, seq_len: int,
@@ -385,3 +392,87 @@ class Int8KVCache(KVCache):
         """Bytes of the int8 buffers and their scales."""
         return super().num_bytes() + sum(t.numel() * t.element_size()
                                          for t in (*self.key_scales, *self.value_scales))
+
+
+# ---------------------------------------------------------------- StreamingLLM
+
+
+def sink_window_mask(T_q: int, T_k: int, window: int, n_sink: int, offset: int = 0,
+                     device: torch.device | str | None = None) -> Tensor:
+    """StreamingLLM's visibility as a mask: (T_q, T_k) booleans, True where query i may attend to key j.
+
+    Query i sits at position i + ``offset`` and sees, causally, the first ``n_sink`` positions
+    and the ``window`` most recent ones: j <= i + offset and (j < n_sink or i + offset - j <
+    window). ``n_sink = 0`` is a plain sliding window
+    (:func:`llmbook.inference.attention_variants.sliding_window_mask`); ``window >= T_k`` is causal.
+    """
+    T_q, T_k = check_positive_int("T_q", T_q), check_positive_int("T_k", T_k)
+    window = check_positive_int("window", window)
+    if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 0:
+        raise ValueError(f"n_sink must be an int >= 0, got {n_sink!r}")
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise TypeError(f"offset must be an int, got {offset!r}")
+    i = torch.arange(T_q, device=device)[:, None] + offset  # (T_q, 1) query positions
+    j = torch.arange(T_k, device=device)[None, :]  # (1, T_k) key positions
+    return (j <= i) & ((j < n_sink) | (i - j < window))  # (T_q, T_k)
+
+
+class SinkKVCache:
+    """StreamingLLM's cache: the first ``n_sink`` positions plus the ``window`` most recent ones.
+
+    Same interface as :class:`KVCache` (``update``, ``advance``, ``length``). ``length`` counts
+    every position seen, so the model gives new tokens their original positions (RoPE is
+    applied before caching); ``max_seq_len`` bounds those positions (the model's context).
+    :meth:`update` appends the new keys and values, evicts every position that is neither a
+    sink nor among the ``window`` latest, and returns the n_sink + window (or fewer) kept ones
+    (B, H_kv, T_kept, d_head), oldest first. Once positions have been evicted, tokens must
+    arrive one at a time (a longer block would see more than ``window`` recent keys).
+    """
+
+    def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, d_head: int, window: int,
+                 n_sink: int, max_seq_len: int, dtype: torch.dtype = torch.float32) -> None:
+        self.n_layers = check_positive_int("n_layers", n_layers)
+        self.batch_size = check_positive_int("batch_size", batch_size)
+        self.n_kv_heads = check_positive_int("n_kv_heads", n_kv_heads)
+        self.d_head = check_positive_int("d_head", d_head)
+        self.window = check_positive_int("window", window)
+        if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 0:
+            raise ValueError(f"n_sink must be an int >= 0, got {n_sink!r}")
+        self.n_sink = n_sink
+        self.max_seq_len = check_positive_int("max_seq_len", max_seq_len)
+        empty = torch.zeros(batch_size, n_kv_heads, 0, d_head, dtype=dtype)
+        self.keys = [empty.clone() for _ in range(n_layers)]
+        self.values = [empty.clone() for _ in range(n_layers)]
+        self.length = 0
+
+    @classmethod
+    def for_model(cls, model: Any, batch_size: int, window: int, n_sink: int) -> SinkKVCache:
+        """An empty cache shaped for ``model`` (a ``TransformerLM``), in its dtype."""
+        c = model.config
+        return cls(c.n_layers, batch_size, c.n_kv_heads, c.d_head, window, n_sink, c.max_seq_len,
+                   dtype=next(model.parameters()).dtype)
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append the new keys and values of ``layer`` (B, H_kv, T, d_head), evict, and return the kept ones."""
+        _check_new_kv(self, layer, k, v)  # shapes, and positions within max_seq_len
+        T, cap = k.shape[2], self.n_sink + self.window
+        if T > 1 and self.length + T > cap:
+            raise ValueError(f"a block of {T} tokens at length {self.length} would need evictions "
+                             f"(n_sink + window = {cap}): feed tokens one at a time from there")
+        keys = torch.cat([self.keys[layer], k.to(self.keys[layer].dtype)], dim=2)
+        values = torch.cat([self.values[layer], v.to(self.values[layer].dtype)], dim=2)
+        if keys.shape[2] > cap:  # keep the sinks and the window latest positions
+            keys = torch.cat([keys[:, :, :self.n_sink], keys[:, :, -self.window:]], dim=2)
+            values = torch.cat([values[:, :, :self.n_sink], values[:, :, -self.window:]], dim=2)
+        self.keys[layer], self.values[layer] = keys, values
+        return keys, values
+
+    def advance(self, num_positions: int) -> None:
+        """Count ``num_positions`` new positions as seen (after every layer has written)."""
+        if isinstance(num_positions, bool) or not isinstance(num_positions, int) or num_positions < 0:
+            raise ValueError(f"num_positions must be an int >= 0, got {num_positions!r}")
+        self.length += num_positions
+
+    def num_bytes(self) -> int:
+        """Bytes of the kept keys and values: at most 2 L B H_kv (n_sink + window) d_head bytes(dtype)."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))

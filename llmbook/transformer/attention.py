@@ -36,7 +36,12 @@ Contents:
 * :func:`attention_flops` - the closed-form multiply-add count of one attention layer;
 * :func:`soft_cap` - Gemma 2's logit soft-capping c tanh(s / c), the ``softcap`` option of
   :func:`attention_weights` and :class:`MultiHeadAttention` (QK-norm, the other guard against
-  growing scores, is ``llmbook.transformer.model.QKNormAttention``).
+  growing scores, is ``llmbook.transformer.model.QKNormAttention``);
+* :func:`sliding_window_reach` - how far back L layers of sliding-window attention see,
+  L (W - 1) positions (the mask itself is
+  ``llmbook.inference.attention_variants.sliding_window_mask``);
+* :func:`sink_attention_weights` - attention with a learned per-head sink logit in the
+  softmax denominator (gpt-oss), whose rows may leave weight "nowhere".
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ __all__ = [
     "causal_mask",
     "minimal_multi_head_attention",
     "scaled_dot_product_attention",
+    "sink_attention_weights",
+    "sliding_window_reach",
     "soft_cap",
 ]
 
@@ -212,6 +219,58 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     _check_qkv(q, k, v)
     weights = attention_weights(q, k, mask=mask, is_causal=is_causal, scale=scale, softcap=softcap)
     return weights @ v  # (..., T_q, d_v)
+
+
+def sliding_window_reach(n_layers: int, window: int) -> int:
+    """How many positions back L stacked sliding-window layers can carry information: L (W - 1).
+
+    One layer with window W lets position i read positions i - W + 1 .. i (Beltagy, Peters &
+    Cohan, 2020, "Longformer", section 3.1; Jiang et al., 2023, "Mistral 7B", section 2). A
+    second layer reads those positions' outputs, each of which already holds W - 1 positions
+    of its own past, so the reach grows by W - 1 per layer: r_L = r_{L-1} + (W - 1), r_0 = 0,
+    hence r_L = L (W - 1). ``window = 1`` (each token sees only itself) reaches nothing.
+    """
+    return check_positive_int("n_layers", n_layers) * (check_positive_int("window", window) - 1)
+
+
+def sink_attention_weights(q: Tensor, k: Tensor, sinks: Tensor, mask: Tensor | None = None,
+                           scale: float | None = None) -> tuple[Tensor, Tensor]:
+    """Attention weights with one learned sink logit per head: (weights, sink_weight).
+
+    ``q`` (..., H, T_q, d_k), ``k`` (..., H, T_k, d_k), ``sinks`` (H,) -> weights
+    (..., H, T_q, T_k) and sink_weight (..., H, T_q). The sink s_h of head h is an extra
+    logit in every row's softmax that belongs to no key (OpenAI, 2025, "gpt-oss-120b &
+    gpt-oss-20b Model Card"; Xiao et al., 2023, "Efficient Streaming Language Models with
+    Attention Sinks", trained a sink token to this end): with scores z_j = q.k_j * scale,
+
+        a_j = e^{z_j} / (e^{s_h} + sum_i e^{z_i}),   sink_weight = e^{s_h} / (e^{s_h} + sum_i e^{z_i}),
+
+    so a row's weights sum to 1 - sink_weight and a query may put weight "nowhere" (the
+    sink contributes no value). ``mask`` and ``scale`` as in :func:`attention_weights`; a row
+    with every key masked gives all its weight to the sink (weights 0, sink_weight 1).
+    """
+    _check_qkv(q, k, k)
+    if q.ndim < 3:
+        raise ValueError(f"q must have shape (..., H, T_q, d_k), got {tuple(q.shape)}")
+    H = q.shape[-3]
+    if not isinstance(sinks, Tensor) or not sinks.is_floating_point():
+        raise TypeError(f"sinks must be a floating-point tensor, got "
+                        f"{getattr(sinks, 'dtype', type(sinks).__name__)}")
+    if sinks.shape != (H,):
+        raise ValueError(f"sinks must have shape (H,) = ({H},), one logit per head, got {tuple(sinks.shape)}")
+    T_q, T_k = q.shape[-2], k.shape[-2]
+    if mask is not None:
+        _check_mask(mask, (*q.shape[:-2], T_q, T_k))
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = (q @ k.transpose(-2, -1)) * scale  # (..., H, T_q, T_k)
+    if mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    elif mask is not None:
+        scores = scores + mask.to(scores.dtype)
+    s = sinks.to(scores.dtype).view(H, 1, 1).expand(*scores.shape[:-1], 1)  # (..., H, T_q, 1)
+    log_z = torch.logsumexp(torch.cat([scores, s], dim=-1), dim=-1, keepdim=True)  # log denominator
+    return torch.exp(scores - log_z), torch.exp(s - log_z)[..., 0]
 
 
 def _check_minimal_args(x: object, weights: dict[str, object], n_heads: object) -> None:

@@ -7,7 +7,11 @@ import math
 import sympy as sp
 import torch
 
-from llmbook.transformer.attention import MultiHeadAttention, attention_weights
+from llmbook.transformer.attention import (
+    MultiHeadAttention,
+    attention_weights,
+    scaled_dot_product_attention,
+)
 
 
 def padding_mask(lengths: torch.Tensor, T: int) -> torch.Tensor:
@@ -90,12 +94,6 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_o
     return dq, dk, dv
 
 
-if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
-    from llmbook.nbtools import run_solution_tests
-
-    raise SystemExit(run_solution_tests(__file__))
-
-
 def qk_norm_weight_floor(d_head: int, T: int) -> float:
     """Exercise 5: the smallest weight a key can get under QK-norm with unit gains, T keys.
 
@@ -106,3 +104,28 @@ def qk_norm_weight_floor(d_head: int, T: int) -> float:
     """
     r = math.sqrt(d_head)
     return 1.0 / (1.0 + (T - 1) * math.exp(2 * r))
+
+
+def sink_as_extra_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor,
+                      mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Exercise 6: sink attention as ordinary attention over one extra key with a zero value.
+
+    q (..., H, T_q, d), k (..., H, T_k, d), v (..., H, T_k, d_v), sinks (H,) -> (..., H, T_q, d_v).
+    The extra key is the zero vector (score 0); a float mask adds s_h to its column, so its
+    logit is s_h for every query; its value is zero, so it takes weight and adds nothing.
+    """
+    lead, T_q, T_k = q.shape[:-2], q.shape[-2], k.shape[-2]
+    k_ext = torch.cat([k, k.new_zeros(*lead, 1, k.shape[-1])], dim=-2)  # (..., H, T_k + 1, d)
+    v_ext = torch.cat([v, v.new_zeros(*lead, 1, v.shape[-1])], dim=-2)  # (..., H, T_k + 1, d_v)
+    add = q.new_zeros(*lead, T_q, T_k)  # float mask over the real keys
+    if mask is not None:
+        add = add.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else add + mask
+    sink_col = sinks.to(q.dtype).view(-1, 1, 1).expand(*lead, T_q, 1)  # (..., H, T_q, 1)
+    return scaled_dot_product_attention(q, k_ext, v_ext, mask=torch.cat([add, sink_col], dim=-1),
+                                        scale=1.0 / math.sqrt(q.shape[-1]))
+
+
+if __name__ == "__main__":  # `python notebooks/solutions/NN_slug.py`: run these answers' tests
+    from llmbook.nbtools import run_solution_tests
+
+    raise SystemExit(run_solution_tests(__file__))
