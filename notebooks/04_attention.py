@@ -542,7 +542,9 @@ checks
 # Hand-computed walks through a toy transformer layer are a popular way to teach attention.
 # `data/worked_examples/the_cat_sat.json` holds one as it was published: the exact inputs
 # (an embedding table $E$ for a vocabulary of five words, $W_Q, W_K, W_V \in
-# \mathbb{R}^{4 \times 2}$) and every number the source printed, rounded by hand. The
+# \mathbb{R}^{4 \times 2}$) and every number the source printed, rounded by hand. The file
+# reached the project without the name of its source, so the book cites it by its file
+# (`data/README.md` records this), not by an author. The
 # source's attention step works on the embeddings of "the cat sat". We recompute it with
 # the package's functions in float64 and grade each printed number with
 # `PublishedComparison` (in `llmbook.text.worked_example`): *agrees* means it is the exact
