@@ -54,6 +54,7 @@ from llmbook.text.embedding import TokenEmbedding
 from llmbook.text.worked_example import PublishedComparison, load_the_cat_sat
 from llmbook.transformer.attention import (
     MultiHeadAttention,
+    attention_entropy,
     attention_flops,
     attention_weights,
     causal_mask,
@@ -332,9 +333,9 @@ checks
 # $\partial p / \partial s = \operatorname{diag}(p) - p p^\top$ (derived in chapter 3) is zero
 # at a one-hot $p$.
 # The figure draws one query against $T = 32$ random keys, 400 times for each $d_k$,
-# and measures the entropy of the attention row (in nats; at most $\log 32 = 3.47$ for
-# uniform weights; $e^{H}$ is the number of keys a row of entropy $H$ spreads over, in the
-# sense that $k$ equal weights give $H = \log k$) and the size of the softmax Jacobian, with
+# and measures the entropy of the attention row (the package's `attention_entropy`, in
+# nats; at most $\log 32 = 3.47$ for uniform weights; $e^{H}$ is the number of keys a row of
+# entropy $H$ spreads over, in the sense that $k$ equal weights give $H = \log k$) and the size of the softmax Jacobian, with
 # and without the scale. It does so under two assumptions about $q$ and $k$: the idealised
 # unit-variance components of the argument above, and GPT-2's initialisation, whose
 # components have the variance $\sigma^2 = d s^2 = 0.3072$ derived above, so that
@@ -354,7 +355,7 @@ def softmax_stats(d_, scaled, n=400, T_keys=32):
     rows = []
     for var_qk in (1.0, sigma2_init):  # q -> sigma q and k -> sigma k multiply the scores by sigma^2
         p_ = torch.softmax(var_qk * dots, dim=-1)
-        entropy = -(p_ * torch.log(p_.clamp_min(1e-300))).sum(-1)  # (n,)
+        entropy = attention_entropy(weights=p_)  # (n,)
         jac = torch.diag_embed(p_) - p_[:, :, None] * p_[:, None, :]  # (n, T_keys, T_keys)
         rows.append([entropy.mean().item(), entropy.std().item() / math.sqrt(n),
                      torch.linalg.matrix_norm(jac).mean().item()])
@@ -410,14 +411,9 @@ plt.show()
 # weights, so the standard error comes from the spread of the 12 head means):
 
 # %%
-def row_entropy(scores):
-    p_ = torch.softmax(scores, dim=-1)
-    return -(p_ * torch.log(p_.clamp_min(1e-300))).sum(-1)
-
-
 i64 = d_grid.index(64)
-real_unscaled = row_entropy(8.0 * scores_init[:, :, :32]).mean(-1)  # (H,): q.k without the 1/8
-real_scaled = row_entropy(scores_init[:, :, :32]).mean(-1)
+real_unscaled = attention_entropy(8.0 * scores_init[:, :, :32]).mean(-1)  # (H,): q.k without the 1/8
+real_scaled = attention_entropy(scores_init[:, :, :32]).mean(-1)
 small_var = math.log(32) - sigma2_init**2 * 31 / 64  # log T - v (T - 1) / (2T), v = sigma^4
 checks = Checks("attention entropy at initialisation: the two assumptions")
 for d_ in (64, 128):
@@ -702,7 +698,9 @@ show_source(minimal_multi_head_attention)
 # version it accepts any leading batch dimensions, $(\dots, T, d)$, as torch's layers do.
 # It names its projections `q_proj`, `k_proj`, `v_proj`, `o_proj`, as Llama and Qwen2 do,
 # so their state dicts load without renaming (chapter 7). Its `nn.Linear` layers store
-# $W^\top$: `q_proj.weight` is $W_Q^\top$.
+# $W^\top$: `q_proj.weight` is $W_Q^\top$. Between splitting the heads and rotating them,
+# `project_qkv` passes the queries and keys through the hook `normalise_qk`, which returns
+# them unchanged here; QK-norm (later in this section) is a subclass that overrides only this hook.
 
 # %%
 show_source(MultiHeadAttention.project_qkv)
@@ -846,8 +844,9 @@ display(sp.Eq(sp.Symbol(r"c\tanh(s/c)"), sp.series(capped, s_sym, 0, 6)),
 # %% [markdown]
 # Scores well below $c$ pass almost unchanged (the error is $s^3/(3c^2)$), and none can leave
 # $(-c, c)$. In the package, `QKNormAttention` (the attention of chapter 7's model when its
-# configuration asks for QK-norm) adds `q_norm` and `k_norm` with Qwen3's parameter names,
-# and `MultiHeadAttention(..., softcap=c)` caps the scores with `soft_cap`:
+# configuration asks for QK-norm) adds `q_norm` and `k_norm` with Qwen3's parameter names
+# and overrides only the hook `normalise_qk` shown above, and
+# `MultiHeadAttention(..., softcap=c)` caps the scores with `soft_cap`:
 
 # %%
 show_source(soft_cap)
@@ -913,7 +912,7 @@ for a_ in alphas:
     with torch.no_grad():
         normed = rms_unit(q_a) @ rms_unit(k_a).T / 8.0
     for name, sc_ in (("plain", raw), ("soft-cap c = 50", soft_cap(raw, 50.0)), ("QK-norm", normed)):
-        guards[name].append(row_entropy(sc_).mean().item())
+        guards[name].append(attention_entropy(sc_).mean().item())
 print("mean row entropy (nats) for alpha =", alphas)
 for name, ent in guards.items():
     print(f"  {name:16s}", [round(e, 2) for e in ent])

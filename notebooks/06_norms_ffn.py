@@ -35,6 +35,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from llmbook.nbtools import Checks, save_figure, seed_everything, show_source
 from llmbook.text.worked_example import PublishedComparison, load_the_cat_sat
+from llmbook.transformer.extremes import critical_extremes
 from llmbook.transformer.layers import (
     MLP,
     LayerNorm,
@@ -46,6 +47,7 @@ from llmbook.transformer.layers import (
     rms_norm_jacobian,
     swiglu_hidden_size,
     swiglu_parameter_count,
+    tanh_cdf_error,
 )
 from llmbook.transformer.worked_example import ffn_step
 
@@ -572,17 +574,11 @@ print(f"x^4 coefficient of GELU_tanh - GELU at c = 0.044715: {float(x4_gap):.4g}
 
 # %%
 x_line = torch.linspace(-8, 8, 160001, dtype=torch.float64)
-cdf = 0.5 * (1 + torch.erf(x_line / math.sqrt(2)))
-
-
-def cdf_max_error(c):
-    return (0.5 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x_line + c * x_line**3))) - cdf).abs().max().item()
-
-
 lo, hi = 0.040, 0.050
-for _ in range(60):
+for _ in range(60):  # ternary search on max |Phi_tanh(x; c) - Phi(x)| over the grid
     c1, c2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
-    lo, hi = (lo, c2) if cdf_max_error(c1) < cdf_max_error(c2) else (c1, hi)
+    e1, e2 = (tanh_cdf_error(x_line, c_).abs().max().item() for c_ in (c1, c2))
+    lo, hi = (lo, c2) if e1 < e2 else (c1, hi)
 checks = Checks("where 0.044715 comes from")
 checks.true("minimax c for Phi (6 decimals) = 0.044715", round(lo, 6) == 0.044715,
             f"{lo:.6f}")
@@ -592,29 +588,21 @@ checks
 # How large is that smallest maximum error? The grid gives one answer; an independent one
 # comes from mpmath at 30 significant digits, with no grid: the extremes of the error
 # $f(x) = \Phi_{\tanh}(x) - \Phi(x)$ are the roots of $f'(x) = 0$, which SymPy differentiates
-# and mpmath solves by Newton's method, started from the grid's local extremes. The two must
+# and mpmath solves by Newton's method, started from the grid's local extremes (the package's
+# `critical_extremes`, below; the grid values come from `tanh_cdf_error`). The two must
 # agree to within what a grid of step $h$ can miss at a smooth maximum, at most
 # $\tfrac12 (h/2)^2 \max|f''|$ (Taylor's theorem at the maximiser, where $f' = 0$); $\max|f''|$
 # is bounded on the grid with a factor 2 to spare. The same procedure, applied to
 # $\mathrm{GELU}_{\tanh} - \mathrm{GELU}$ on $[-6, 6]$, gives the number the next figure shows.
 
 # %%
-def critical_extremes(expr, line, values, digits=30):
-    """Extremes of a SymPy expression in xs: mpmath roots of its derivative, started at the
-    local extremes of ``values`` (its float64 values on the grid ``line``); (x, f(x)) pairs."""
-    mp.mp.dps = digits
-    f_mp = sp.lambdify(xs, expr, "mpmath")
-    df_mp = sp.lambdify(xs, sp.diff(expr, xs), "mpmath")
-    v = values.abs()
-    peaks = ((v[1:-1] >= v[:-2]) & (v[1:-1] >= v[2:]) & (v[1:-1] > 1e-3 * v.max())).nonzero()[:, 0] + 1
-    roots = {mp.nstr(mp.findroot(df_mp, mp.mpf(line[i].item())), 20) for i in peaks.tolist()}
-    return [(mp.mpf(r), f_mp(mp.mpf(r))) for r in roots]
+show_source(critical_extremes)
 
-
+# %%
 cdf_tanh_c = (1 + sp.tanh(sp.sqrt(2 / sp.pi) * (xs + sp.Rational(44715, 10**6) * xs**3))) / 2
 cdf_err_expr = cdf_tanh_c - (1 + sp.erf(xs / sp.sqrt(2))) / 2
-cdf_err_grid = 0.5 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x_line + 0.044715 * x_line**3))) - cdf
-cdf_extremes = critical_extremes(cdf_err_expr, x_line, cdf_err_grid)
+cdf_err_grid = tanh_cdf_error(x_line, 0.044715)  # float64, the same expression on the grid
+cdf_extremes = critical_extremes(cdf_err_expr, xs, x_line, cdf_err_grid)
 cdf_max_mp = max(abs(v) for _, v in cdf_extremes)
 f2 = sp.lambdify(xs, sp.diff(cdf_err_expr, xs, 2), "math")
 h_line = (x_line[1] - x_line[0]).item()
@@ -651,7 +639,7 @@ checks.close("gelu tanh vs transformers gelu_new (float32)", transformers.activa
              gelu(grid32, "tanh"), tol=1e-6, rel=True)
 checks.close("exact at x = 1: Phi(1)", 0.8413447460685429, gelu(torch.tensor(1.0, dtype=torch.float64)), tol=1e-15)
 gelu_err_expr = gelu_tanh.subs(c, sp.Rational(44715, 10**6)) - gelu_exact
-gelu_extremes = critical_extremes(gelu_err_expr, grid, err)
+gelu_extremes = critical_extremes(gelu_err_expr, xs, grid, err)
 gelu_max_mp = max(abs(v) for _, v in gelu_extremes)
 f2_gelu = sp.lambdify(xs, sp.diff(gelu_err_expr, xs, 2), "math")
 curv_gelu = max(abs(f2_gelu(t)) for t in grid[::100].tolist())

@@ -690,3 +690,114 @@ def test_sink_attention_bad_input():
         sink_attention_weights(torch.randn(3, 4), torch.randn(5, 4), torch.zeros(1))
     with pytest.raises(ValueError, match="does not broadcast"):
         sink_attention_weights(q, k, torch.zeros(2), mask=torch.ones(3, 4, dtype=torch.bool))
+
+
+# ---------------------------------------------------------------- attention_entropy (moved from notebook 04)
+
+from llmbook.transformer.attention import attention_entropy  # noqa: E402
+
+
+def test_attention_entropy_worked_examples():
+    # uniform rows: log T_k; one-hot rows: 0; two equal weights: log 2; T_q = 3 != T_k = 5
+    assert torch.allclose(attention_entropy(torch.zeros(2, 3, 5, dtype=torch.float64)),
+                          torch.full((2, 3), math.log(5), dtype=torch.float64), rtol=0, atol=1e-15)
+    one_hot = torch.eye(5, dtype=torch.float64)[:3]  # (3, 5)
+    assert torch.equal(attention_entropy(weights=one_hot).abs(), torch.zeros(3, dtype=torch.float64))
+    # p = (1/4, 1/4, 1/2): H = 2 (1/4) log 4 + (1/2) log 2 = (3/2) log 2
+    w = torch.tensor([[0.25, 0.25, 0.5]], dtype=torch.float64)
+    assert abs(attention_entropy(weights=w).item() - 1.5 * math.log(2)) < 1e-15
+    assert abs(attention_entropy(w.log()).item() - 1.5 * math.log(2)) < 1e-15
+    # masked keys (-inf) count 0: two finite equal scores of four give log 2
+    s = torch.tensor([[3.0, float("-inf"), 3.0, float("-inf")]], dtype=torch.float64)
+    assert abs(attention_entropy(s).item() - math.log(2)) < 1e-15
+    # a fully masked row (attention_weights' zero row) has entropy 0, from scores and weights
+    dead = torch.full((1, 4), float("-inf"))
+    assert attention_entropy(dead).item() == 0
+    assert attention_entropy(weights=attention_weights(torch.ones(1, 2), torch.ones(4, 2),
+                                                       mask=torch.zeros(1, 4, dtype=torch.bool))).item() == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(lead=st.integers(1, 3), T_q=st.integers(1, 5), T_k=st.integers(1, 9), spread=st.floats(0.0, 30.0),
+       seed=st.integers(0, 10**6))
+def test_attention_entropy_equals_torch_categorical(lead, T_q, T_k, spread, seed):
+    scores = spread * torch.randn(lead, T_q, T_k, generator=torch.Generator().manual_seed(seed),
+                                  dtype=torch.float64)
+    peer = torch.distributions.Categorical(logits=scores).entropy()  # (lead, T_q)
+    got = attention_entropy(scores)
+    assert got.shape == (lead, T_q)
+    assert torch.allclose(got, peer, rtol=0, atol=1e-12)
+    w = torch.softmax(scores, dim=-1)
+    assert torch.allclose(attention_entropy(weights=w), torch.distributions.Categorical(probs=w).entropy(),
+                          rtol=0, atol=1e-12)
+    # bounds: 0 <= H <= log T_k, and scaling scores by 0 gives the uniform row
+    assert bool((got >= -1e-15).all()) and bool((got <= math.log(T_k) + 1e-12).all())
+    assert torch.allclose(attention_entropy(0 * scores), torch.full_like(got, math.log(T_k)), atol=1e-15)
+
+
+@settings(max_examples=25, deadline=None)
+@given(T_k=st.integers(2, 8), seed=st.integers(0, 10**6))
+def test_attention_entropy_falls_as_scores_sharpen(T_k, seed):
+    # dH/dbeta = -beta Var_p(s) <= 0 for scores beta s: sharpening never spreads a row
+    s = torch.randn(T_k, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    hs = [attention_entropy(beta * s).item() for beta in (0.0, 0.5, 1.0, 2.0, 4.0)]
+    assert all(a >= b - 1e-12 for a, b in zip(hs, hs[1:], strict=False))
+
+
+def test_attention_entropy_gradcheck_float64():
+    s = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(7), dtype=torch.float64,
+                    requires_grad=True)
+    assert torch.autograd.gradcheck(attention_entropy, (s,))
+    # the weights path, through the softmax (a perturbed p leaves the simplex and is refused)
+    assert torch.autograd.gradcheck(lambda t: attention_entropy(weights=torch.softmax(t, -1)), (s,))
+
+
+def test_attention_entropy_bad_input():
+    with pytest.raises(ValueError, match="exactly one of scores"):
+        attention_entropy()
+    with pytest.raises(ValueError, match="exactly one of scores"):
+        attention_entropy(torch.zeros(3), weights=torch.ones(3) / 3)
+    with pytest.raises(TypeError, match="scores must be a torch.Tensor"):
+        attention_entropy([0.0, 1.0])
+    with pytest.raises(TypeError, match="weights must be a floating-point"):
+        attention_entropy(weights=torch.ones(2, 3, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"T_k >= 1, got \(\)"):
+        attention_entropy(torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"T_k >= 1, got \(2, 0\)"):
+        attention_entropy(torch.zeros(2, 0))
+    with pytest.raises(ValueError, match="scores must not hold NaN"):
+        attention_entropy(torch.tensor([0.0, float("nan")]))
+    with pytest.raises(ValueError, match=r"\+inf"):
+        attention_entropy(torch.tensor([0.0, float("inf")]))
+    with pytest.raises(ValueError, match="rows summing to 1"):  # scores passed as weights
+        attention_entropy(weights=torch.tensor([[0.5, 2.0, 1.0]]))
+    with pytest.raises(ValueError, match="rows summing to 1"):
+        attention_entropy(weights=torch.tensor([[1.5, -0.5]]))
+
+
+# ---------------------------------------------------------------- the normalise_qk hook
+
+
+def test_normalise_qk_is_the_identity_and_runs_between_projection_and_rope():
+    g = torch.Generator().manual_seed(11)
+    mha = MultiHeadAttention(12, 4, 2, d_head=6, dtype=torch.float64)
+    q, k = randn(2, 4, 7, 6, g=g, dtype=torch.float64), randn(2, 2, 7, 6, g=g, dtype=torch.float64)
+    q2, k2 = mha.normalise_qk(q, k)
+    assert q2 is q and k2 is k
+
+    class Shifted(MultiHeadAttention):  # overrides only the hook, with an affine (not linear) map
+        def normalise_qk(self, q, k):
+            return 2 * q + 1, k - 3
+
+    shifted = Shifted(12, 4, 2, d_head=6, dtype=torch.float64)
+    shifted.load_state_dict(mha.state_dict())
+    x = randn(2, 7, 12, g=g, dtype=torch.float64)
+    qa, ka, va = mha.project_qkv(x)  # (2, 4, 7, 6), (2, 2, 7, 6) x 2
+    rope, _, _ = make_rope(6, 7)
+    qb, kb, vb = shifted.project_qkv(x, rope=rope)
+    pos = torch.arange(7)
+    # the hook acts on the projected heads and the rotation after it (rope(q) + 1 would differ)
+    assert torch.allclose(qb, rope(2 * qa + 1, pos), rtol=0, atol=1e-14)
+    assert torch.allclose(kb, rope(ka - 3, pos), rtol=0, atol=1e-14)
+    assert not torch.allclose(qb, 2 * rope(qa, pos) + 1)
+    assert torch.equal(vb, va)

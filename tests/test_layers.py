@@ -493,3 +493,41 @@ def test_ffn_bad_inputs():
         SwiGLU(D, 2.5)
     with pytest.raises(ValueError, match="d_model must be positive"):
         mlp_parameter_count(0, 4)
+
+
+# ---------------------------------------------------------------- tanh_cdf_error (moved from notebook 06)
+
+import mpmath as mp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from llmbook.transformer.layers import tanh_cdf_error  # noqa: E402
+
+
+def test_tanh_cdf_error_worked_values_and_peers():
+    x = torch.linspace(-5, 5, 1001, dtype=torch.float64)
+    assert tanh_cdf_error(torch.zeros(3, dtype=torch.float64)).abs().max().item() == 0
+    # peer: scipy's normal CDF, and the tanh form written out in NumPy
+    from scipy.stats import norm
+
+    xn = x.numpy()
+    for c in (0.044715, 0.0):
+        want = 0.5 * (1 + np.tanh(math.sqrt(2 / math.pi) * (xn + c * xn**3))) - norm.cdf(xn)
+        assert np.allclose(tanh_cdf_error(x, c).numpy(), want, rtol=0, atol=1e-15)
+    # GELU_tanh - GELU = x (Phi_tanh - Phi), with the package's gelu on both sides
+    assert torch.allclose(x * tanh_cdf_error(x), gelu(x, "tanh") - gelu(x), rtol=0, atol=1e-15)
+    # odd in x, and 30-digit mpmath values at a few points, both up to the round-off of the
+    # two halves (1 + .) / 2, a few ulp of 1 (2.2e-16)
+    assert torch.allclose(tanh_cdf_error(-x), -tanh_cdf_error(x), rtol=0, atol=1e-15)
+    with mp.workdps(30):
+        for t in (0.3, 1.7, 2.5, -4.0):
+            z = mp.mpf(t)
+            exact = (1 + mp.tanh(mp.sqrt(2 / mp.pi) * (z + mp.mpf("0.044715") * z**3))) / 2 - mp.ncdf(z)
+            assert abs(tanh_cdf_error(torch.tensor(t, dtype=torch.float64)).item() - float(exact)) < 1e-15
+
+
+def test_tanh_cdf_error_bad_input():
+    with pytest.raises(TypeError, match="tanh_cdf_error"):
+        tanh_cdf_error(torch.arange(3))
+    for bad in (float("nan"), float("inf"), "0.04", True):
+        with pytest.raises(ValueError, match="c must be a finite real number"):
+            tanh_cdf_error(torch.zeros(2), bad)

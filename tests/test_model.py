@@ -366,6 +366,35 @@ def test_qk_norm_normalises_each_head_before_rope():
                                                    d_head=10)).num_parameters() + 2 * 2 * 10
 
 
+def test_qk_norm_scope_all_normalises_the_whole_projection_in_the_hook():
+    # OLMo 2's scope: one RMSNorm over all H d_head entries of a position, before the split
+    from llmbook.transformer.attention import MultiHeadAttention
+    from llmbook.transformer.model import QKNormAttention
+
+    g = torch.Generator().manual_seed(4)
+    attn = QKNormAttention(20, 6, 2, d_head=3, scope="all", eps=1e-6).double()  # H d_head = 18 != d
+    with torch.no_grad():
+        for p_ in attn.parameters():
+            p_.copy_(torch.randn(p_.shape, generator=g, dtype=torch.float64))
+    x = torch.randn(2, 5, 20, generator=g, dtype=torch.float64)
+    q, k, v = attn.project_qkv(x)  # (2, 6, 5, 3), (2, 2, 5, 3) x 2
+    raw = attn.q_proj(x)  # (2, 5, 18)
+    want = attn.q_norm.weight * raw / raw.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+    assert torch.allclose(q, want.unflatten(-1, (6, 3)).transpose(1, 2), rtol=0, atol=1e-12)
+    # the hook is the only change: an identity norm would give the parent's projections
+    plain = MultiHeadAttention(20, 6, 2, d_head=3, dtype=torch.float64)
+    plain.load_state_dict({n: t for n, t in attn.state_dict().items() if "norm" not in n})
+    raw_q, raw_k, raw_v = plain.project_qkv(x)
+    hq, hk = attn.normalise_qk(raw_q, raw_k)
+    assert torch.equal(hq, q) and torch.equal(hk, k) and torch.equal(raw_v, v)
+    # per-position mean square over all heads is the gain's (unit gains: 1), not per head
+    attn.q_norm.weight.data.fill_(1.0)
+    q1, _, _ = attn.project_qkv(x)
+    ms_all = q1.pow(2).mean(dim=(-3, -1))  # (2, 5)
+    assert torch.allclose(ms_all, torch.ones(2, 5, dtype=torch.float64), atol=1e-4)
+    assert not torch.allclose(q1.pow(2).mean(-1), torch.ones(2, 6, 5, dtype=torch.float64), atol=1e-2)
+
+
 def test_qk_norm_needs_rmsnorm():
     with pytest.raises(ValueError, match="qk_norm"):
         tiny("gpt2", qk_norm=True)

@@ -3,14 +3,16 @@
 Chapter → module → what it defines:
 
 * 4 Attention → :mod:`~llmbook.transformer.attention`: ``scaled_dot_product_attention``,
-  ``causal_mask``, ``minimal_multi_head_attention`` (the teaching version),
+  ``causal_mask``, ``attention_entropy``, ``minimal_multi_head_attention`` (the teaching version),
   ``MultiHeadAttention`` (grouped-query heads, any leading dimensions), ``attention_flops``,
   and ``AttentionCache``, the interface a key/value cache offers the model (the cache
   itself is inference code, chapter 12).
 * 5 Positions → :mod:`~llmbook.transformer.positional`: sinusoidal and learned positions,
   RoPE (``RotaryEmbedding``, both pairings), ALiBi.
 * 6 Norms and the feed-forward layer → :mod:`~llmbook.transformer.layers`:
-  ``LayerNorm``, ``RMSNorm`` and their Jacobians, ``gelu``, ``MLP``, ``SwiGLU``.
+  ``LayerNorm``, ``RMSNorm`` and their Jacobians, ``gelu`` (and ``tanh_cdf_error``), ``MLP``,
+  ``SwiGLU``; :mod:`~llmbook.transformer.extremes`: ``critical_extremes``, the extremes of an
+  error function to many digits (mpmath roots of its derivative, started on a grid).
 * 7 The decoder → :mod:`~llmbook.transformer.model`: ``TransformerConfig`` (GPT-2,
   Llama, Qwen2 styles; QK-norm, post-norm and sandwich norms, sliding window and local/global
   layers, RoPE scaling, NoPE layers, soft-capping and embedding-scale options),

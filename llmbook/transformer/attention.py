@@ -28,6 +28,7 @@ Contents:
 
 * :func:`causal_mask` - the boolean lower-triangular mask, with an offset;
 * :func:`attention_weights` - A = softmax(Q K^T * scale + mask), rows summing to 1;
+* :func:`attention_entropy` - the entropy of each attention row, from scores or weights;
 * :func:`scaled_dot_product_attention` - A V;
 * :func:`minimal_multi_head_attention` - causal multi-head attention in a dozen lines, the
   teaching version of :class:`MultiHeadAttention`;
@@ -54,11 +55,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from llmbook.validation import check_positive_int
+from llmbook.validation import check_finite, check_floating_tensor, check_positive_int
 
 __all__ = [
     "AttentionCache",
     "MultiHeadAttention",
+    "attention_entropy",
     "attention_flops",
     "attention_weights",
     "causal_mask",
@@ -202,6 +204,40 @@ def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None, is_causa
     dead = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., T_q, 1)
     weights = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1)
     return weights.masked_fill(dead, 0.0)  # (..., T_q, T_k)
+
+
+def attention_entropy(scores: Tensor | None = None, *, weights: Tensor | None = None) -> Tensor:
+    """Entropy H = -sum_j p_j log p_j of each attention row, in nats: (..., T_q, T_k) -> (..., T_q).
+
+    Give either the ``scores`` (p = softmax over the last dimension, computed from the stable
+    log-softmax; a key with score -inf has p = 0) or the ``weights`` p themselves (rows summing
+    to 1, e.g. from :func:`attention_weights`). H lies in [0, log T_k]: 0 for a one-hot row,
+    log T_k for a uniform one, and e^H is the number of keys a row spreads over (k equal
+    weights give H = log k). Terms with p_j = 0 count 0, the limit of p log p; a row with
+    every key masked (all scores -inf, or all weights 0, :func:`attention_weights`'s
+    convention) has entropy 0. Introduced in notebooks/04_attention (section 4.3).
+    """
+    if (scores is None) == (weights is None):
+        raise ValueError("give exactly one of scores (before the softmax) and weights (after it)")
+    name, x = ("scores", scores) if weights is None else ("weights", weights)
+    x = check_floating_tensor(x, name)
+    if x.ndim == 0 or x.shape[-1] == 0:
+        raise ValueError(f"{name} must have shape (..., T_k) with T_k >= 1, got {tuple(x.shape)}")
+    check_finite(x, name, allow_inf=True)
+    if weights is None:
+        if bool(torch.isposinf(x).any()):
+            raise ValueError("scores must not hold +inf (only -inf, for a masked key)")
+        logp = torch.log_softmax(x, dim=-1)  # (..., T_k); NaN on a row of all -inf
+        p = logp.exp()
+        return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(dim=-1)  # (...)
+    sums = x.sum(dim=-1)
+    tol = torch.finfo(x.dtype).eps ** 0.5
+    off = ((sums - 1).abs() > tol) & (sums != 0)
+    if bool((x < 0).any()) or bool(torch.isinf(x).any()) or bool(off.any()):
+        raise ValueError(f"weights must be finite, >= 0, with rows summing to 1 (or 0 for a fully "
+                         f"masked row); got row sums from {sums.min().item():.4g} to "
+                         f"{sums.max().item():.4g} and minimum {x.min().item():.4g}")
+    return -torch.special.xlogy(x, x).sum(dim=-1)  # (...)
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
@@ -399,6 +435,14 @@ class MultiHeadAttention(nn.Module):
                              f"(x of shape {tuple(x.shape)} allows {allowed}), got "
                              f"{tuple(positions.shape)}")
 
+    def normalise_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """The hook between projection and rotation: returns (q, k) unchanged here.
+
+        ``q`` (..., H, T, d_head), ``k`` (..., H_kv, T, d_head). A subclass that normalises
+        the queries and keys (``llmbook.transformer.model.QKNormAttention``) overrides only this.
+        """
+        return q, k
+
     def project_qkv(self, x: Tensor, positions: Tensor | None = None,
                     rope: Rope | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (..., H, T, d_head) and keys, values (..., H_kv, T, d_head) for x (..., T, d_model).
@@ -407,12 +451,14 @@ class MultiHeadAttention(nn.Module):
         (B, C, T, d_model), ... ``rope(t, positions)`` (chapter 5's ``RotaryEmbedding`` has
         this signature), if given, rotates the queries and keys; ``positions`` (T,), (1, T)
         or (B, T) with B = x.shape[0] (one row per entry of the first dimension) defaults to
-        0, 1, ..., T-1.
+        0, 1, ..., T-1. Between the projections and the rotation, :meth:`normalise_qk` may
+        change the queries and keys (the identity here; QK-norm in a subclass).
         """
         self._check_x_and_positions(x, positions)
         q = self.split_heads(self.q_proj(x), self.n_heads)  # (..., H, T, d_head)
         k = self.split_heads(self.k_proj(x), self.n_kv_heads)  # (..., H_kv, T, d_head)
         v = self.split_heads(self.v_proj(x), self.n_kv_heads)  # (..., H_kv, T, d_head)
+        q, k = self.normalise_qk(q, k)
         if rope is not None:
             if positions is None:
                 positions = torch.arange(x.shape[-2], device=x.device)  # (T,)

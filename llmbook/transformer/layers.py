@@ -11,7 +11,8 @@ that are not attention:
   y = g * x / sqrt(mean(x^2) + eps), no centring and no bias (Llama, Qwen2);
 * :func:`layer_norm_jacobian`, :func:`rms_norm_jacobian`: their Jacobians in closed form;
 * :func:`gelu` (Hendrycks & Gimpel, 2016, "Gaussian Error Linear Units (GELUs)"), exact and
-  with the tanh approximation of GPT-2; :func:`silu` / :func:`swish`;
+  with the tanh approximation of GPT-2; :func:`tanh_cdf_error`, the error of that approximation's
+  normal CDF; :func:`silu` / :func:`swish`;
 * :class:`MLP`: GPT-2's feed-forward layer, proj(act(fc(x)));
 * :class:`SwiGLU` (Shazeer, 2020, "GLU Variants Improve Transformer"):
   down_proj(SiLU(gate_proj(x)) * up_proj(x)), Llama's feed-forward layer;
@@ -48,6 +49,7 @@ __all__ = [
     "swiglu_hidden_size",
     "swiglu_parameter_count",
     "swish",
+    "tanh_cdf_error",
 ]
 
 # The constants of the tanh approximation of GELU: sqrt(2/pi) and 0.044715.
@@ -228,6 +230,21 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     if approximate == "tanh":
         return 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + _GELU_TANH_CUBIC * x.pow(3))))
     raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def tanh_cdf_error(x: Tensor, c: float = _GELU_TANH_CUBIC) -> Tensor:
+    """The error of the tanh form of the normal CDF inside GELU_tanh: Phi_tanh(x; c) - Phi(x).
+
+    Phi_tanh(x; c) = (1 + tanh(sqrt(2/pi) (x + c x^3))) / 2, so that GELU_tanh(x) = x Phi_tanh(x;
+    0.044715) (Hendrycks & Gimpel, 2016) and GELU_tanh - GELU = x times this error. It is odd in
+    x; ``c`` (default GPT-2's 0.044715, the constant that makes its largest value over the line
+    smallest, notebooks/06_norms_ffn) is any finite real number. Shape preserved.
+    """
+    x = _check_floating(x, "tanh_cdf_error")
+    if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c):
+        raise ValueError(f"tanh_cdf_error: c must be a finite real number, got c={c!r}")
+    cdf = 0.5 * (1 + torch.erf(x / math.sqrt(2)))
+    return 0.5 * (1 + torch.tanh(_SQRT_2_OVER_PI * (x + c * x**3))) - cdf
 
 
 def swish(x: Tensor, beta: float = 1.0) -> Tensor:

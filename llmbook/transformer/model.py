@@ -298,7 +298,8 @@ class QKNormAttention(MultiHeadAttention):
     q . k / sqrt(d_head) are then bounded by the gains, whatever the size of the stream
     (Dehghani et al., 2023, "Scaling Vision Transformers to 22 Billion Parameters", used it
     against exploding attention logits). Arguments as :class:`MultiHeadAttention`, plus
-    ``eps`` for the two norms. Shapes as the parent's.
+    ``eps`` for the two norms. Shapes as the parent's; only the parent's hook
+    :meth:`~MultiHeadAttention.normalise_qk` is overridden.
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None,
@@ -310,22 +311,17 @@ class QKNormAttention(MultiHeadAttention):
         self.q_norm = RMSNorm(self.d_head * (self.n_heads if whole else 1), eps=eps)
         self.k_norm = RMSNorm(self.d_head * (self.n_kv_heads if whole else 1), eps=eps)
 
-    def project_qkv(self, x: Tensor, positions: Tensor | None = None,
-                    rope: Callable[[Tensor, Tensor], Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries and keys normalised, then rotated: (..., H, T, d_head), (..., H_kv, T, d_head)."""
-        self._check_x_and_positions(x, positions)
-        q, k = self.q_proj(x), self.k_proj(x)  # (..., T, H d_head), (..., T, H_kv d_head)
-        if self.scope == "all":  # OLMo 2: one norm over all heads
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.split_heads(q, self.n_heads), self.split_heads(k, self.n_kv_heads)  # (..., H, T, d_head)
-        v = self.split_heads(self.v_proj(x), self.n_kv_heads)  # (..., H_kv, T, d_head)
+    def normalise_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """QK-norm of the split heads q (..., H, T, d_head), k (..., H_kv, T, d_head): same shapes.
+
+        :meth:`MultiHeadAttention.project_qkv` calls it before the rotary embedding.
+        """
         if self.scope == "head":  # Qwen3: each head on its own
-            q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            if positions is None:
-                positions = torch.arange(x.shape[-2], device=x.device)  # (T,)
-            q, k = rope(q, positions), rope(k, positions)
-        return q, k, v
+            return self.q_norm(q), self.k_norm(k)
+        # OLMo 2: one norm over all heads of a position, (..., T, H d_head), then split again
+        q = self.split_heads(self.q_norm(q.transpose(-3, -2).flatten(-2)), self.n_heads)
+        k = self.split_heads(self.k_norm(k.transpose(-3, -2).flatten(-2)), self.n_kv_heads)
+        return q, k
 
 
 class DecoderBlock(nn.Module):
