@@ -14,6 +14,10 @@ One subpackage per part of the book, each importing only from earlier parts:
 * :mod:`llmbook.alignment` — Part V, adaptation and alignment (chapters 16–20, being
   written): LoRA, per-token log-probabilities, the reward-model, PPO, DPO and GRPO losses.
 
+* :mod:`llmbook.workbench` — the reader's workbench (after every part): exercise stubs
+  made from the reference solutions, the exercises' checks, and the grader behind
+  ``llmbook exercises`` and ``llmbook grade``.
+
 Part VI (scale) will be :mod:`llmbook.scale`. Shared by every chapter, at the top: :mod:`llmbook.nbtools`
 (``show_source``, ``Checks``, ``save_figure``), :mod:`llmbook.validation` (argument
 checks) and :mod:`llmbook.environment` (the preface's environment check).

@@ -47,6 +47,10 @@ COMMANDS: dict[str, Command] = {
                            "sweep of the real model (about 10 minutes on 2 cores)", long=True),
     "bench": Command("llmbook.cli", "run a benchmark script of a source checkout "
                      "(benchmarks/NAME.py); without NAME, list them", long=True),
+    "exercises": Command("llmbook.workbench.stubs", "write a chapter's exercise stub into "
+                         "your workspace (./llmbook-work/); --list shows your status"),
+    "grade": Command("llmbook.workbench.grader", "grade your answers to a chapter's exercises, "
+                     "one row per exercise; --all for every chapter"),
 }
 
 

@@ -26,6 +26,9 @@ HELPERS = {"llmbook", "llmbook.nbtools", "llmbook.validation", "llmbook.environm
            "llmbook.paths"}
 #: Commands a reader runs (``python -m llmbook.chat``): they rank after every part.
 COMMANDS = {"llmbook.chat", "llmbook.cli"}
+#: The reader's tools (issue 28's workbench: stubs, checks, grader): they rank with the commands,
+#: since a chapter's checks may import any part, and no part may import them.
+TOOLS = {"workbench"}
 ROOT = Path(llmbook.__file__).resolve().parent
 
 
@@ -45,7 +48,7 @@ def rank(module: str) -> int:
     """0 for the shared helpers, then 1 + the index of the module's part."""
     if module in HELPERS:
         return 0
-    if module in COMMANDS:
+    if module in COMMANDS or module.split(".")[1] in TOOLS:
         return len(PARTS) + 1
     part = module.split(".")[1]
     if part not in PARTS:

@@ -1,0 +1,372 @@
+"""The reader's workbench (issue 28): stubs, the exercise list, ``llmbook exercises``/``grade``.
+
+Chapter 3 is the pilot: its checks live in ``llmbook/workbench/checks/ch03.py``. The
+grading tests run the grader's subprocess on files in a temporary workspace: the stub, the
+reference solution, one broken function, and files with every kind of bad input, and check
+that the reader's files are left byte for byte as they were.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from llmbook.cli import main as llmbook
+from llmbook.workbench import grader
+from llmbook.workbench.catalogue import (
+    CATALOGUE,
+    Exercise,
+    catalogue,
+    exercises_from_notebooks,
+    parse_exercises,
+)
+from llmbook.workbench.checks import checks_for
+from llmbook.workbench.grader import format_table, grade
+from llmbook.workbench.solutions import (
+    chapter_stems,
+    load_module,
+    load_solutions,
+    resolve_chapter,
+    solutions_dir,
+)
+from llmbook.workbench.stubs import make_stub, write_stub
+
+ROOT = Path(__file__).resolve().parents[1]
+STEM = "03_language_modelling"
+REFERENCE = ROOT / "notebooks" / "solutions" / f"{STEM}.py"
+
+
+# ------------------------------------------------------------------ solutions and chapters
+
+def test_the_solutions_are_found_and_chapters_resolve() -> None:
+    assert solutions_dir() == ROOT / "notebooks" / "solutions"
+    stems = chapter_stems()
+    assert len(stems) == 37 and stems[0] == "00_preface" and "10b_batch_size" in stems
+    assert resolve_chapter(3) == resolve_chapter("03") == resolve_chapter(" 3 ") == STEM
+    assert resolve_chapter(STEM) == STEM and resolve_chapter("10B") == "10b_batch_size"
+    with pytest.raises(ValueError, match="no chapter '99'.*03"):
+        resolve_chapter("99")
+    with pytest.raises(TypeError, match="chapter"):
+        resolve_chapter(3.0)
+    with pytest.raises(TypeError, match="chapter"):
+        resolve_chapter(True)
+
+
+def test_load_module_writes_nothing_beside_the_file(tmp_path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text("X = 2 + 3\n")
+    assert load_module(path, "wb_test_m").X == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.py"]
+
+
+# ------------------------------------------------------------------ the list of exercises
+
+def test_parse_exercises_reads_numbers_stars_and_titles() -> None:
+    text = ("# %% [markdown]\n# ## Exercises\n#\n# Solutions are elsewhere.\n#\n"
+            "# 1. (★) **First one.** Do it.\n#    More text.\n# 2. **Unrated.** Text.\n"
+            "# 3. (★★★) **Hard: really.** Go.\n\n# %%\n# 4. (★) **Not in the section.**\n")
+    assert parse_exercises(text) == [Exercise(1, 1, "First one"), Exercise(2, None, "Unrated"),
+                                     Exercise(3, 3, "Hard: really")]
+    assert parse_exercises("# ## Something else\n# 1. (★) **No.**\n") == []
+    with pytest.raises(TypeError, match="notebook_source"):
+        parse_exercises(b"# ## Exercises")
+
+
+def test_the_shipped_list_matches_the_chapters() -> None:
+    """Fails when a chapter's exercises change: run `python -m llmbook.workbench.catalogue`."""
+    assert catalogue() == exercises_from_notebooks(ROOT / "notebooks")
+    assert json.loads(CATALOGUE.read_text(encoding="utf-8"))["chapters"].keys() == set(chapter_stems())
+    assert catalogue()[STEM] == [Exercise(1, 2, "The shift needs no gradient"),
+                                 Exercise(2, 1, "Label smoothing"),
+                                 Exercise(3, 2, "Where the flat curves end"),
+                                 Exercise(4, 2, "Cross-entropy is entropy plus KL")]
+
+
+def test_each_check_maps_to_an_exercise_and_names_the_answers_it_calls() -> None:
+    checks = checks_for(STEM)
+    assert list(checks) == [1, 2, 3, 4]
+    assert checks[1][0].uses == ("shift_gradient_symbolic", "logsumexp_attached")
+    assert [c.uses for n in (2, 3, 4) for c in checks[n]] == [
+        ("label_smoothed_cross_entropy",), ("ngram_limit",), ("cross_entropy_decomposition",)]
+    with pytest.raises(ValueError, match="not in the package yet"):
+        checks_for("24_induction_heads")
+
+
+# ------------------------------------------------------------------ stubs
+
+def _public(module) -> dict[str, object]:
+    return {n: v for n, v in vars(module).items()
+            if not n.startswith("_") and (inspect.isfunction(v) or inspect.isclass(v))
+            and getattr(v, "__module__", None) == module.__name__}
+
+
+def _members(cls: type) -> dict[str, object]:
+    return {n: v for n, v in vars(cls).items() if callable(getattr(v, "__func__", v))
+            and (not n.startswith("_") or (n.startswith("__") and n.endswith("__")))}
+
+
+def _nones(fn) -> list[None]:
+    return [None for p in inspect.signature(fn).parameters.values()
+            if p.default is inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+@pytest.mark.parametrize("stem", chapter_stems())
+def test_each_stub_has_exactly_the_solutions_functions_and_signatures(stem, tmp_path) -> None:
+    reference = load_solutions(stem)
+    path = tmp_path / f"{stem}.py"
+    path.write_text(make_stub((solutions_dir() / f"{stem}.py").read_text(encoding="utf-8"), stem))
+    stub = load_module(path, f"stub_{stem}")
+    want, got = _public(reference), _public(stub)
+    assert sorted(got) == sorted(want)
+    assert want, f"{stem}: the solutions define no public function"
+    for name, ref in want.items():
+        if inspect.isfunction(ref):
+            assert inspect.signature(got[name]) == inspect.signature(ref), name
+            with pytest.raises(NotImplementedError, match=name):
+                got[name](*_nones(got[name]))
+            continue
+        assert [b.__name__ for b in got[name].__mro__] == [b.__name__ for b in ref.__mro__]
+        assert sorted(_members(got[name])) == sorted(_members(ref)), name
+        for member, fn in _members(ref).items():
+            fn = getattr(fn, "__func__", fn)
+            mine = getattr(_members(got[name])[member], "__func__", _members(got[name])[member])
+            assert inspect.signature(mine) == inspect.signature(fn), f"{name}.{member}"
+            if mine.__name__ == member:  # an alias (__radd__ = __add__) is checked as its target
+                with pytest.raises(NotImplementedError):
+                    mine(*_nones(mine))
+
+
+def test_the_stub_says_what_it_is_and_keeps_no_solution_code() -> None:
+    text = make_stub(REFERENCE.read_text(encoding="utf-8"), STEM)
+    assert text.startswith('"""Your answers to the exercises of chapter 03')
+    assert "llmbook grade 03" in text and "NotImplementedError" in text
+    assert "1. (★★) The shift needs no gradient: shift_gradient_symbolic, logsumexp_attached" in text
+    assert "gather" not in text and "entropy_rate()" not in text  # the answers' bodies are gone
+    assert "def ngram_limit(source: MarkovSource, order: int) -> float:" in text
+
+
+def test_write_stub_never_overwrites(tmp_path, capsys) -> None:
+    path, written = write_stub("3", tmp_path / "work")
+    assert written and path == tmp_path / "work" / f"{STEM}.py"
+    path.write_text("# mine\n")
+    assert write_stub(3, tmp_path / "work") == (path, False)
+    assert path.read_text() == "# mine\n"
+    assert llmbook(["exercises", "03", "--dir", str(tmp_path / "work")]) == 0
+    assert "exists: left as it is" in capsys.readouterr().out
+    assert path.read_text() == "# mine\n"
+    with pytest.raises(SystemExit):
+        llmbook(["exercises", "99", "--dir", str(tmp_path)])
+    assert "no chapter '99'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ grading
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*")
+            if p.is_file()}
+
+
+def ref_line(text: str, folder: Path) -> int:
+    """The line of the workspace file in ``folder`` that holds ``text``."""
+    lines = (folder / f"{STEM}.py").read_text(encoding="utf-8").splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+def _replace(text: str, old: str, new: str) -> str:
+    assert old in text, old
+    return text.replace(old, new)
+
+
+@pytest.fixture(scope="module")
+def workspaces(tmp_path_factory):
+    """Workspaces named by case, each holding one chapter-3 file."""
+    root = tmp_path_factory.mktemp("workbench")
+    ref = REFERENCE.read_text(encoding="utf-8")
+    stub = make_stub(ref, STEM)
+    files = {
+        "stub": stub,
+        "reference": ref,
+        "broken": _replace(ref, "return ((1.0 - epsilon) * nll + epsilon * uniform).mean()",
+                           "return nll.mean()"),
+        "syntax": ref.replace("def ngram_limit(", "def ngram_limit(:", 1),
+        "import": _replace(ref, "import numpy as np\n", "import no_such_module_anywhere\n"),
+        # 1 missing function, 2 wrong signature, 3 an infinite loop, 4 an exception in their code
+        "mixed_a": (ref.replace("def logsumexp_attached(", "def _logsumexp_attached(")
+                    .replace("targets: torch.Tensor,\n                                 epsilon: float)",
+                             "targets: torch.Tensor, eps: float)")
+                    .replace('    """Exercise 3: the cross-entropy', '    while True:\n        pass\n'
+                             '    """Exercise 3: the cross-entropy', 1)
+                    .replace("    q1, q2, p1, p2 = sp.symbols", "    1 / 0\n    q1, q2, p1, p2 = sp.symbols")),
+        # 1 wrong return type, 2 sys.exit, 3 prints and gives up, 4 a loop SIGALRM cannot stop
+        "mixed_b": (_replace(stub, "    raise NotImplementedError('shift_gradient_symbolic:",
+                             "    return [1, 2]\n    raise NotImplementedError('")
+                    .replace("    raise NotImplementedError('label_smoothed_cross_entropy:",
+                             "    import sys; sys.exit(3)\n    raise NotImplementedError('")
+                    .replace("    raise NotImplementedError('ngram_limit:",
+                             "    print('{\"event\": \"result\"}')\n    raise NotImplementedError('")
+                    .replace("    raise NotImplementedError('cross_entropy_decomposition:",
+                             "    import signal, time; signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+                             "    while True: time.sleep(0.05)\n    raise NotImplementedError('")),
+    }
+    folders = {}
+    for case, text in files.items():
+        folders[case] = root / case
+        folders[case].mkdir()
+        (folders[case] / f"{STEM}.py").write_text(text, encoding="utf-8")
+    return folders
+
+
+def _grade(folder: Path, limit: float = 60.0, monkeypatch=None) -> tuple[list, dict[str, bytes]]:
+    before = _snapshot(folder)
+    rows = grade(3, folder / f"{STEM}.py", time_limit=limit)
+    assert _snapshot(folder) == before  # byte for byte, and no new file (no __pycache__)
+    return rows, before
+
+
+def _cli_grade(folder: Path, capsys) -> tuple[int, str]:
+    """``llmbook grade 03 --dir folder``: exit status and output; the folder is left as it was."""
+    before = _snapshot(folder)
+    status = llmbook(["grade", "03", "--dir", str(folder)])
+    assert _snapshot(folder) == before
+    return status, capsys.readouterr().out
+
+
+def test_the_stub_is_not_attempted_and_exits_non_zero(workspaces, capsys) -> None:
+    status, out = _cli_grade(workspaces["stub"], capsys)
+    assert status == 1
+    assert out.count("not attempted") == 4 and "0 of 4 exercises passed" in out
+    assert "        label_smoothed_cross_entropy raises NotImplementedError\n" in out
+    assert "Traceback" not in out
+
+
+def test_the_reference_solution_passes_and_exits_zero(workspaces, capsys) -> None:
+    status, out = _cli_grade(workspaces["reference"], capsys)
+    assert status == 0, out
+    for e in catalogue()[STEM]:
+        assert f"  {e.number:>2}  {'★' * e.stars:<3}  {e.title}" in out
+    assert out.count("passed  (") == 4 and "4 of 4 exercises passed" in out
+
+
+def test_one_broken_function_fails_that_exercise_alone(workspaces) -> None:
+    rows, _ = _grade(workspaces["broken"])
+    assert [r.status for r in rows] == ["passed", "failed", "passed", "passed"]
+    assert rows[1].detail.startswith("expected label_smoothed_cross_entropy(logits, targets, 0.1)")
+    assert "got 3.0534" in rows[1].detail
+    assert "2  ★    Label smoothing" in format_table(rows)
+
+
+def test_a_syntax_or_import_error_gives_one_clear_row_per_exercise(workspaces) -> None:
+    rows, _ = _grade(workspaces["syntax"])
+    assert {r.status for r in rows} == {"error"}
+    line = ref_line("def ngram_limit(:", workspaces["syntax"])
+    assert rows[0].detail == f"syntax error on line {line}: invalid syntax"
+    rows, _ = _grade(workspaces["import"])
+    assert {r.status for r in rows} == {"error"}
+    line = ref_line("import no_such_module_anywhere", workspaces["import"])
+    assert rows[0].detail == (f"import error (your line {line}, in <module>): No module named "
+                              "'no_such_module_anywhere'")
+
+
+def test_missing_function_signature_time_limit_and_exception_rows(workspaces) -> None:
+    rows, _ = _grade(workspaces["mixed_a"], limit=3)
+    assert [r.status for r in rows] == ["error"] * 4
+    assert rows[0].detail == "missing function: your file defines no logsumexp_attached"
+    assert rows[1].detail == ("wrong signature: label_smoothed_cross_entropy(logits, targets, eps); "
+                              "expected label_smoothed_cross_entropy(logits, targets, epsilon) "
+                              "(names, order and defaults)")
+    assert rows[2].detail == "time limit exceeded: still running after 3 s"
+    assert rows[3].detail.startswith("ZeroDivisionError (your line ")
+    assert rows[3].detail.endswith("in cross_entropy_decomposition): division by zero")
+
+
+def test_wrong_return_type_exit_prints_and_an_unstoppable_loop(workspaces, monkeypatch) -> None:
+    monkeypatch.setattr(grader, "KILL_GRACE_SECONDS", 1.0)
+    rows, _ = _grade(workspaces["mixed_b"], limit=2)
+    assert [r.status for r in rows] == ["error", "error", "not attempted", "error"], format_table(rows)
+    assert rows[0].detail == ("wrong return type: shift_gradient_symbolic returned a list; "
+                              "expected tuple")
+    assert rows[1].detail.startswith("SystemExit (your line ")
+    assert rows[3].detail.startswith("time limit exceeded: still running after 2 s")
+
+
+def test_grading_a_namespace_in_process() -> None:
+    rows = grade("03", vars(load_solutions(STEM)))
+    assert [r.status for r in rows] == ["passed"] * 4
+    stub = {}
+    exec(compile(make_stub(REFERENCE.read_text(encoding="utf-8"), STEM), "<stub>", "exec"), stub)
+    assert [r.status for r in grade(3, stub)] == ["not attempted"] * 4
+    with pytest.raises(TypeError, match="answers must be"):
+        grade(3, 42)
+    with pytest.raises(ValueError, match="time_limit"):
+        grade(3, stub, time_limit=0)
+
+
+def test_grade_and_list_from_the_command_line(workspaces, tmp_path, capsys) -> None:
+    assert llmbook(["grade", "03", "--dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"no file {tmp_path / (STEM + '.py')}: `llmbook exercises 03` writes the stub" in out
+    for argv in (["grade"], ["grade", "03", "--all"], ["grade", "24"]):
+        with pytest.raises(SystemExit):
+            llmbook(argv)
+    assert "not in the package yet" in capsys.readouterr().err
+    assert llmbook(["grade", "--all", "--dir", str(tmp_path)]) == 1  # no file: a row each
+    assert "chapter 03 (03_language_modelling)" in capsys.readouterr().out
+    shutil.copy(REFERENCE, tmp_path / f"{STEM}.py")
+    assert llmbook(["exercises", "--list", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "   2  ★    Label smoothing" in out and out.count("passed") == 4
+    assert "more chapters have exercises whose checks are not in the package yet" in out
+
+
+def test_an_assert_without_message_shows_its_names_values(tmp_path) -> None:
+    """A check written as a bare ``assert`` still says what came back: the values of the plain
+    names on its line, read from the check's frame (nothing is run again)."""
+    from llmbook.workbench.runner import FAILED, _classify
+
+    source = ("def check():\n    got, want = 2.5, [1.0, 2.0]\n    tolerance = 1e-3\n"
+              "    assert abs(got - sum(want)) < tolerance\n")
+    path = tmp_path / "a_check.py"
+    path.write_text(source)
+    namespace: dict = {}
+    exec(compile(source, str(path), "exec"), namespace)  # not rewritten by pytest, as in the grader
+    try:
+        namespace["check"]()
+    except AssertionError as err:
+        result = _classify(2, err, None, 1.0, 0.0)
+    assert result.status == FAILED
+    assert result.detail == ("the check `assert abs(got - sum(want)) < tolerance` does not hold; "
+                             "tolerance = 0.001, got = 2.5, want = [1.0, 2.0]")
+
+
+def test_raises_is_pytest_raises_in_plain_words() -> None:
+    from llmbook.workbench.checks import raises
+
+    with raises(ValueError, match="epsilon"):
+        raise ValueError("epsilon must be in [0, 1]")
+    with raises((TypeError, ValueError)):
+        raise TypeError("x")
+    try:
+        with raises(ValueError, match="epsilon", what="label_smoothed_cross_entropy(z, y, 2.0)"):
+            raise ValueError("something else")
+    except AssertionError as err:
+        assert str(err) == ("expected label_smoothed_cross_entropy(z, y, 2.0) to raise ValueError with a "
+                            "message matching 'epsilon', got ValueError: something else")
+    else:
+        raise AssertionError("a wrong message passed")
+    try:
+        with raises(ValueError):
+            pass
+    except AssertionError as err:
+        assert str(err) == "expected the call to raise ValueError, but it returned normally"
+    else:
+        raise AssertionError("no exception passed")
+    try:  # another exception type is not caught
+        with raises(ValueError):
+            raise KeyError("k")
+    except KeyError:
+        pass
