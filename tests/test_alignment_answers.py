@@ -214,5 +214,5 @@ def test_pass_at_k_enumerated_bad_inputs():
         pass_at_k_enumerated([1, 0], 1)
     with pytest.raises(TypeError, match="correct"):
         pass_at_k_enumerated("TF", 1)
-    with pytest.raises(ValueError, match="k"):
+    with pytest.raises(ValueError, match="^k must be positive"):
         pass_at_k_enumerated([True], 0)

@@ -306,7 +306,7 @@ def test_train_adapters_bad_input():
         train_adapters(lambda: p.sum(), [], 1, 0.1)
     with pytest.raises(ValueError, match="steps"):
         train_adapters(lambda: p.sum(), [p], 0, 0.1)
-    with pytest.raises(ValueError, match="lr"):
+    with pytest.raises(ValueError, match="^lr must be a positive"):
         train_adapters(lambda: p.sum(), [p], 1, -0.1)
     with pytest.raises(ValueError, match="scalar"):
         train_adapters(lambda: p * 2, [p], 1, 0.1)

@@ -232,8 +232,13 @@ def test_dpo_gradient_by_hand():
     torch.testing.assert_close(pr.grad, -dl_dh, rtol=0, atol=1e-15)
     torch.testing.assert_close(rc.grad, -dl_dh, rtol=0, atol=1e-15)
     torch.testing.assert_close(rr.grad, dl_dh, rtol=0, atol=1e-15)
-    # the gradient vanishes for pairs ranked right by a wide margin and tends to -beta otherwise
-    assert abs(dl_dh).max() < beta / B
+    # the gradient vanishes for a pair ranked right by a wide margin (h = 60) and tends to
+    # -beta for one ranked wrong by as much (h = -60): sigma(-42) = 5.7e-19, sigma(42) = 1 - 5.7e-19
+    far = torch.tensor([-1.0, -61.0], dtype=D, requires_grad=True)
+    dpo_loss(far, torch.tensor([-61.0, -1.0], dtype=D), torch.full((2,), -1.0, dtype=D),
+             torch.full((2,), -1.0, dtype=D), beta)[0].backward()
+    assert abs(far.grad[0].item()) < 1e-18
+    assert far.grad[1].item() == pytest.approx(-beta / 2, abs=1e-15)
 
 
 @pytest.mark.parametrize("loss_type,eps", [("sigmoid", 0.0), ("sigmoid", 0.1), ("ipo", 0.0)])

@@ -259,7 +259,7 @@ def test_curve_worked_values_and_peaks():
 def test_bad_input():
     p = torch.tensor([0.5, 0.5], dtype=f64)
     r = torch.tensor([0.0, 1.0], dtype=f64)
-    with pytest.raises(ValueError, match="n"):
+    with pytest.raises(ValueError, match="^n must be positive"):
         best_of_n_kl(0)
     with pytest.raises(ValueError, match="probs"):
         best_of_n_distribution(torch.tensor([0.5, 0.6], dtype=f64), r, 2)

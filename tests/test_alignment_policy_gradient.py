@@ -58,7 +58,7 @@ def test_symbolic_policy_gradient_forms_agree(K):
 def test_symbolic_policy_gradient_rejects_bad_k():
     with pytest.raises(ValueError, match="two actions"):
         softmax_policy_gradient_symbolic(1)
-    with pytest.raises(TypeError, match="K"):
+    with pytest.raises(TypeError, match="^K must be an int"):
         softmax_policy_gradient_symbolic(2.5)
 
 
@@ -196,7 +196,7 @@ def test_gae_symbolic_equals_losses_gae_numerically():
 
 
 def test_gae_symbolic_rejects_bad_t():
-    with pytest.raises(ValueError, match="T"):
+    with pytest.raises(ValueError, match="^T must be positive"):
         gae_symbolic(0)
 
 

@@ -295,7 +295,7 @@ def test_reward_at_kl_bad_input():
         reward_at_kl({"kl": [0.0]}, 0.1)
     with pytest.raises(ValueError, match="one length"):
         reward_at_kl({"kl": [0.0, 1.0], "reward": [0.0]}, 0.1)
-    with pytest.raises(TypeError, match="kl"):
+    with pytest.raises(TypeError, match="^kl must be a finite number"):
         reward_at_kl({"kl": [0.0], "reward": [0.0]}, float("nan"))
 
 

@@ -155,8 +155,12 @@ def test_majority_tends_to_zero_or_one_and_hoeffding_bounds_it():
         for n in (1, 10, 11, 50, 51, 200):
             assert 1 - majority_probability(prob, n) <= hoeffding_majority_bound(prob, n) + 1e-15
     assert hoeffding_majority_bound(0.5, 10) == 1.0
-    n = sp.Symbol("n", positive=True)
-    assert sp.limit(sp.exp(-2 * n * (sp.Rational(3, 5) - sp.Rational(1, 2)) ** 2), n, sp.oo) == 0
+    # worked values of exp(-2 n (p - 1/2)^2): 2 * 50 * 0.1^2 = 1, 2 * 10 * 0.4^2 = 3.2, and the
+    # bound falls to 0 as n grows (e^-100 at n = 5000)
+    assert hoeffding_majority_bound(0.6, 50) == pytest.approx(math.exp(-1), rel=1e-13)
+    assert hoeffding_majority_bound(0.4, 50) == pytest.approx(math.exp(-1), rel=1e-13)
+    assert hoeffding_majority_bound(0.9, 10) == pytest.approx(math.exp(-3.2), rel=1e-13)
+    assert hoeffding_majority_bound(0.6, 5000) == pytest.approx(math.exp(-100), rel=1e-11)
 
 
 # ---------------------------------------------------------------- best-of-N and pass@k
@@ -167,11 +171,13 @@ def test_pass_at_n():
     assert pass_at_n(0.0, 10) == 0.0 and pass_at_n(1.0, 1) == 1.0
     got = pass_at_n(torch.tensor([0.1, 0.5]), 2)
     assert torch.allclose(got, torch.tensor([0.19, 0.75], dtype=torch.float64), atol=1e-15)
-    N = sp.Symbol("N", positive=True, integer=True)
+    # against the binomial probability of at least one success, summed term by term by SymPy
     k = sp.Symbol("k", integer=True)
-    at_least_one = sp.Sum(sp.binomial(5, k) * p**k * (1 - p) ** (5 - k), (k, 1, 5)).doit()
-    assert sp.expand(at_least_one - (1 - (1 - p) ** 5)) == 0
-    assert N  # the symbolic N form is the notebook's; here n = 5
+    for n in (1, 5, 12):
+        at_least_one = sp.Sum(sp.binomial(n, k) * p**k * (1 - p) ** (n - k), (k, 1, n)).doit()
+        for value in (sp.Rational(1, 10), sp.Rational(1, 2), sp.Rational(7, 8)):
+            want = float(at_least_one.subs(p, value))
+            assert pass_at_n(float(value), n) == pytest.approx(want, rel=1e-14, abs=1e-15)
     with pytest.raises(ValueError, match="n must be >= 1"):
         pass_at_n(0.5, 0)
 

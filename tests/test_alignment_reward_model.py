@@ -240,7 +240,7 @@ def test_train_reward_model_bad_input():
         train_reward_model(model, data, 1, 9, 1e-3, gen(0))
     with pytest.raises(ValueError, match="steps"):
         train_reward_model(model, data, 0, 4, 1e-3, gen(0))
-    with pytest.raises(ValueError, match="lr"):
+    with pytest.raises(ValueError, match="^lr must be a positive"):
         train_reward_model(model, data, 1, 4, 0.0, gen(0))
     with pytest.raises(TypeError, match="PreferenceData"):
         train_reward_model(model, tuple(data), 1, 4, 1e-3, gen(0))

@@ -74,7 +74,7 @@ def test_register_rejects_bad_names_and_clashes(toy_artifact):
         shipped.register("a/b", {}, _toy, "tests")
     with pytest.raises(ValueError, match="already registered by tests"):
         shipped.register("toy", {"n": 5}, _toy, "another.module")
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="not JSON serializable"):
         shipped.register("bad", {"f": object()}, _toy, "tests")  # not JSON-able
     with pytest.raises(ValueError, match="unknown artifact 'nope'"):
         shipped.load_artifact("nope")

@@ -123,7 +123,7 @@ def test_exact_match_from_per_token_worked_example():
     np.testing.assert_allclose(exact_match_from_per_token(np.array([0.5, 1.0, 0.0]), 3), [0.125, 1.0, 0.0])
     with pytest.raises(ValueError, match="p must"):
         exact_match_from_per_token(1.2, 3)
-    with pytest.raises(ValueError, match="L"):
+    with pytest.raises(ValueError, match="^L must be positive"):
         exact_match_from_per_token(0.5, 0)
 
 
@@ -198,7 +198,7 @@ def test_greedy_exact_match_equals_teacher_forced_exact_match():
 
 
 def test_greedy_answers_bad_input():
-    with pytest.raises(ValueError, match="L"):
+    with pytest.raises(ValueError, match="^L must be positive"):
         greedy_answers(tiny_model(), torch.zeros(2, 2, dtype=torch.long), 0)
     with pytest.raises(TypeError, match="prompts"):
         greedy_answers(tiny_model(), [[0, 1]], 2)

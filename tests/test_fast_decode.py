@@ -215,7 +215,7 @@ def test_bandwidth_and_profile_are_measurements():
             lambda: decode_step(model, torch.tensor([[1]]), torch.tensor(0), cache), repeats=3)
     parts = sum(v for k, v in groups.items() if k != "wall")
     assert groups["matmul (linear layers)"] > 0 and abs(parts - groups["wall"]) < 0.5 * groups["wall"]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="n_bytes must be positive"):
         stream_bandwidth(0)
 
 

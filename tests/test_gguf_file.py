@@ -195,7 +195,7 @@ def test_tensor_view_is_read_only_memory_map(tmp_path):
     write_small(path)
     t = read_gguf(path).tensors["w.f32"]
     assert t.data.dtype == np.uint8 and not t.data.flags.writeable
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="read-only"):
         t.data[0] = 1
 
 

@@ -96,8 +96,12 @@ def test_gptq_beats_rtn_on_layer_output():
         err_g = layer_output_error(W, Wg, X)
         err_r = layer_output_error(W, quantize_rtn(W, bits, group), X)
         assert err_g < 0.9 * err_r, (bits, group, err_g, err_r)
-        # GPTQ's OBS loss estimate equals ½‖(W - Ŵ)Xᵀ‖²·2 / 2 up to the damping
-        assert stats["loss"] == pytest.approx(err_g**2, rel=0.1)
+        # GPTQ's OBS losses add up to the quadratic it minimises, ½ tr(E H_λ Eᵀ) with E = W - Ŵ
+        # and H_λ = 2 XᵀX + λI, λ = damp · mean(diag H): ‖X Eᵀ‖² + ½ λ ‖E‖², exactly
+        lam = 0.01 * float(torch.diag(H).mean())
+        assert stats["loss"] == pytest.approx(err_g**2 + 0.5 * lam * float(((W - Wg) ** 2).sum()), rel=1e-10)
+        W0, undamped = gptq_quantize(W, H, bits, group, damp=0.0)
+        assert undamped["loss"] == pytest.approx(layer_output_error(W, W0, X) ** 2, rel=1e-10)
     # GPTQ's output is on the quantisation grid: at most 2^b distinct values per group
     Wg, _ = gptq_quantize(W, H, 3, 16)
     for j in range(0, 48, 16):

@@ -196,6 +196,19 @@ def test_future_token_table_order_two_by_enumeration():
     assert torch.allclose(future_token_table(src, 2), want, atol=1e-14)
     floors = head_entropy_floors(default_source(), 2)
     assert abs(floors[0] - default_source().entropy_rate()) < 1e-12
+    # head 2's floor: the entropy of each row of the two-step table (scipy), weighted by the
+    # stationary distribution of the context chain (a, b) -> (b, x), found by power iteration
+    from scipy.stats import entropy
+
+    M = torch.zeros(9, 9, dtype=torch.float64)
+    for a in range(3):
+        for b in range(3):
+            M[3 * a + b, 3 * b:3 * b + 3] = P[a, b]
+    pi = torch.linalg.matrix_power(M, 4096)[0]
+    row_entropy = torch.from_numpy(entropy(want.numpy(), axis=1))
+    floors = head_entropy_floors(src, 2)
+    assert floors[1] == pytest.approx(float((pi * row_entropy).sum()), rel=1e-12)
+    assert floors[1] > floors[0] + 1e-3
 
 
 @settings(max_examples=20, deadline=None)

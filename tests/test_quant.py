@@ -277,9 +277,9 @@ def test_stored_bits_per_weight_worked_examples():
     assert stored_bits_per_weight(3, 32) == 3 + 19 / 32
     assert stored_bits_per_weight(8, 64, scale_bits=32) == 8 + 40 / 64
     assert 16 / stored_bits_per_weight(4, 128) == pytest.approx(3.8496, abs=1e-4)
-    for bad in ({"bits": 0}, {"bits": 4, "group_size": 0}, {"bits": 4, "scale_bits": 0},
-                {"bits": 4.0}):
-        with pytest.raises(ValueError):
+    for bad, name in (({"bits": 0}, "bits"), ({"bits": 4, "group_size": 0}, "group_size"),
+                      ({"bits": 4, "scale_bits": 0}, "scale_bits"), ({"bits": 4.0}, "bits")):
+        with pytest.raises(ValueError, match=f"^{name} must be"):
             stored_bits_per_weight(**bad)
 
 

@@ -126,7 +126,7 @@ def test_format_bits():
     for bad in ("Q4_X", "INT9/32", "INT4/0", "NF4", "nf4/64"):
         with pytest.raises(ValueError, match="unknown format"):
             format_bits(bad)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="fmt must be a format name"):
         format_bits(4)
 
 

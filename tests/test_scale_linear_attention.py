@@ -108,5 +108,5 @@ def test_bad_input(form):
         form(q.tolist(), q, v)
     with pytest.raises(ValueError, match="feature_map"):
         form(q, q, v, feature_map=lambda x: x.sum(-1))
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="floating-point"):
         elu_feature_map(torch.tensor([1, 2]))

@@ -202,8 +202,9 @@ def test_expected_drop_fraction_matches_simulation():
     n, N, k, trials = 64, 8, 2, 4000
     c = expert_capacity(n, N, k, 1.0)
     idx = torch.rand(trials * n, N, generator=gen(3)).topk(k, -1).indices.reshape(trials, n, k)
-    dropped = torch.stack([~capacity_keep_mask(i, N, c) for i in idx]).double().mean()
-    assert float(dropped) == pytest.approx(expected_drop_fraction(n, N, k, c), abs=0.005)
+    per_trial = torch.stack([~capacity_keep_mask(i, N, c) for i in idx]).double().mean((1, 2))
+    se = float(per_trial.std()) / math.sqrt(trials)  # about 4e-4; capacity c -+ 1 moves it by 3e-2
+    assert float(per_trial.mean()) == pytest.approx(expected_drop_fraction(n, N, k, c), abs=5 * se)
 
 
 # ---------------------------------------------------------------- bias and traffic
@@ -500,6 +501,6 @@ def test_lm_router_gradients_bad_inputs():
         lm_router_gradients(model, ids, 1, 1)
     with pytest.raises(ValueError, match="balance_alpha"):
         lm_router_gradients(model, ids, 1, True, balance_alpha=-1.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="top_k=5 exceeds the number of experts"):
         lm_router_gradients(model, ids, 5, True)
     assert [(m.top_k, m.normalize) for m in (model[1], model[2])] == [(2, True), (2, True)]

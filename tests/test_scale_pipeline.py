@@ -66,11 +66,11 @@ def test_bad_inputs_raise_value_errors() -> None:
         pp.run_pipeline(MODEL, x, y, 4, 4, "gpipe")
     with pytest.raises(ValueError, match="same batch"):
         pp.check_pipeline(MODEL, x, y[:6], 2, 2, "gpipe")
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="floating-point"):
         pp.check_pipeline(MODEL, x.long(), y, 2, 2, "gpipe")
     with pytest.raises(ValueError, match="widths"):
         pp.make_mlp_stack([4])
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="nn.Sequential"):
         pp.split_stages(torch.nn.Linear(2, 2), 1)
     with pytest.raises(ValueError, match="tick"):
         pp.measured_bubble([pp.StageReport(0)], "ms")

@@ -108,7 +108,7 @@ def test_bad_inputs_for_the_parallel_blocks() -> None:
         tp.ParallelMLP(nn.Linear(3, 3), 0, 1)
     with pytest.raises(TypeError, match="MultiHeadAttention"):
         tp.ParallelAttention(MLP(8, 8), 0, 1)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="MLP or MultiHeadAttention"):
         tp.single_process_reference(nn.Linear(3, 3), torch.zeros(1, 3), torch.zeros(1, 3))
     with pytest.raises(ValueError, match="at least one"):
         tp.gather_sharded([])

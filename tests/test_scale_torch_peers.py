@@ -123,7 +123,7 @@ def test_zero_matches_zero_redundancy_optimizer() -> None:
 
 
 def test_bad_specs() -> None:
-    with pytest.raises(ValueError, match="lr"):
+    with pytest.raises(ValueError, match=r"missing the key\(s\) \[.lr.\]"):
         T.tp_reference({k: v for k, v in TP.items() if k != "lr"})
     with pytest.raises(ValueError, match="schedule"):
         T.pp_reference({k: v for k, v in PP.items() if k != "schedule"})

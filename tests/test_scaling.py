@@ -383,7 +383,7 @@ def test_fit_isoflop_parabola_rejects_bad_input() -> None:
         fit_isoflop_parabola([1e3, 1e4, 1e5], [2.0, 1.9])
     with pytest.raises(ValueError, match="curve upwards"):
         fit_isoflop_parabola([1e3, 1e4, 1e5], [1.0, 2.0, 1.0])
-    with pytest.raises(ValueError, match="N"):
+    with pytest.raises(ValueError, match="^N must be finite and positive"):
         fit_isoflop_parabola([-1e3, 1e4, 1e5], [2.0, 1.9, 2.0])
     with pytest.raises(ValueError, match="points"):
         fit_isoflop_parabola([1e3, 1e4, 1e5], [2.0, 1.9, 2.0], points=2)
