@@ -48,7 +48,14 @@ from llmbook.training.optim import (
     set_lr,
     wsd_schedule,
 )
-from llmbook.training.optimisers_modern import Adafactor, Lion, Muon, newton_schulz
+from llmbook.training.optimisers_modern import (
+    Adafactor,
+    Lion,
+    Muon,
+    least_squares_run,
+    newton_schulz,
+    race_with_peer,
+)
 from llmbook.transformer.attention import MultiHeadAttention
 from llmbook.transformer.layers import MLP, LayerNorm
 
@@ -831,27 +838,14 @@ print(f"quintic: p(1) = {float(p_ns(1).subs(quintic)):.4f}, p'(0) = {float(sp.di
 # in bfloat16 like PyTorch's; in float64 it must equal $U\,p^5(S/\lVert M\rVert_F)\,V^\top$ computed from an SVD, which is
 # the first check below. The second runs `Muon` and `torch.optim.Muon` (defaults: momentum
 # 0.95, Nesterov, weight decay 0.1, the step scaled by $\sqrt{\max(1, n/m)}$ for an
-# $n\times m$ matrix) for 20 steps on a tall and a wide float64 matrix.
+# $n\times m$ matrix) for 20 steps on a tall and a wide float64 matrix. `race_with_peer`
+# gives both optimisers the same start and, at every step, the same gradient (Gaussian noise
+# plus the current weights), and returns the largest difference of the weights at the end.
 
 # %%
 show_source(newton_schulz)
 
 # %%
-def race_with_peer(make_ours, make_ref, shapes, steps=20):
-    """Max |difference| of the parameters after both optimisers see the same gradients."""
-    gen = torch.Generator().manual_seed(0)
-    start = [torch.randn(*s_, dtype=f64, generator=gen) for s_ in shapes]
-    ours, ref = [nn.Parameter(w.clone()) for w in start], [nn.Parameter(w.clone()) for w in start]
-    opt_ours, opt_ref = make_ours(ours), make_ref(ref)
-    for _ in range(steps):
-        for p_, q_ in zip(ours, ref, strict=True):
-            p_.grad = torch.randn(p_.shape, dtype=f64, generator=gen) + p_.detach()  # noise + theta
-            q_.grad = p_.grad.clone()
-        opt_ours.step()
-        opt_ref.step()
-    return max((p_ - q_).abs().max().item() for p_, q_ in zip(ours, ref, strict=True)), opt_ours, ours
-
-
 G_ns = torch.randn(12, 20, dtype=f64, generator=torch.Generator().manual_seed(1))
 U_svd, S_svd, Vh_svd = torch.linalg.svd(G_ns, full_matrices=False)
 s_poly = S_svd / S_svd.norm()
@@ -861,9 +855,9 @@ checks = Checks("Muon against an SVD and against torch.optim.Muon")
 checks.close("newton_schulz (float64) = U p^5(S / |G|_F) V^T, G 12 x 20", U_svd @ torch.diag(s_poly) @ Vh_svd,
              newton_schulz(G_ns, dtype=f64), tol=1e-12)
 for kw in [{}, {"nesterov": False, "momentum": 0.9, "adjust_lr_fn": "match_rms_adamw"}]:
-    diff, _, _ = race_with_peer(lambda q, kw=kw: Muon(q, lr=0.02, **kw), lambda q, kw=kw: torch.optim.Muon(q, lr=0.02, **kw),
-                                [(7, 12), (12, 5)])
-    checks.close(f"20 steps, 7 x 12 and 12 x 5 in float64, {kw or 'defaults'}", 0.0, diff, tol=0)
+    race = race_with_peer(lambda q, kw=kw: Muon(q, lr=0.02, **kw), lambda q, kw=kw: torch.optim.Muon(q, lr=0.02, **kw),
+                          [(7, 12), (12, 5)])
+    checks.close(f"20 steps, 7 x 12 and 12 x 5 in float64, {kw or 'defaults'}", 0.0, race.max_abs_diff, tol=0)
 checks
 
 # %% [markdown]
@@ -896,9 +890,8 @@ checks
 # does not).
 
 # %%
-diff_af, opt_af, params_af = race_with_peer(lambda q: Adafactor(q, weight_decay=0.1),
-                                            lambda q: torch.optim.Adafactor(q, weight_decay=0.1),
-                                            [(7, 12), (9,), (2, 3, 4)])
+race_af = race_with_peer(lambda q: Adafactor(q, weight_decay=0.1), lambda q: torch.optim.Adafactor(q, weight_decay=0.1),
+                         [(7, 12), (9,), (2, 3, 4)])
 th_l, m_l, g_l, eta_l, b1_l, b2_l, lam_l = sp.symbols("theta m g eta beta_1 beta_2 lambda", real=True)
 lion_theta = th_l * (1 - eta_l * lam_l) - eta_l * sp.sign(b1_l * m_l + (1 - b1_l) * g_l)
 lion_m = b2_l * m_l + (1 - b2_l) * g_l
@@ -920,11 +913,11 @@ p_adam.grad = torch.ones(7, 12, dtype=f64)
 opt_adam.step()
 
 checks = Checks("Adafactor against torch.optim.Adafactor; Lion against SymPy; optimiser state")
-checks.close("Adafactor: 20 steps, 7 x 12, 9 and 2 x 3 x 4 in float64, weight decay 0.1", 0.0, diff_af, tol=0)
+checks.close("Adafactor: 20 steps, 7 x 12, 9 and 2 x 3 x 4 in float64, weight decay 0.1", 0.0, race_af.max_abs_diff, tol=0)
 checks.close("Lion: two steps = SymPy's update (theta)", torch.tensor(theta_lion, dtype=f64), p_lion.detach(), tol=1e-15)
 checks.close("Lion: two steps = SymPy's update (m)", torch.tensor(m_lion, dtype=f64), opt_lion.state[p_lion]["exp_avg"], tol=1e-15)
 checks.equal("state of a 7 x 12 matrix: AdamW 2 n m", 2 * 7 * 12, state_numbers(opt_adam, p_adam))
-checks.equal("state of a 7 x 12 matrix: Adafactor n + m", 7 + 12, state_numbers(opt_af, params_af[0]))
+checks.equal("state of a 7 x 12 matrix: Adafactor n + m", 7 + 12, state_numbers(race_af.optimizer, race_af.params[0]))
 checks.equal("state of 4 weights: Lion one tensor (4 numbers)", 4, state_numbers(opt_lion, p_lion))
 checks
 
@@ -959,7 +952,9 @@ checks
 # directions are not the coordinate axes, so Adam's per-coordinate rescaling cannot simply
 # undo them. Each optimiser takes 300 steps from the same random start with the WSD schedule
 # (20 warmup, 60 decay steps, $\eta_{\min} = \eta_{\max}/10$), at three peak rates; no weight
-# decay. Muon's Newton–Schulz iteration runs in float64 here, not bfloat16, so that the
+# decay. `least_squares_run` does one run: at each step it sets the scheduled rate, writes
+# the gradient $(WX - Y)X^\top/N$ by hand and steps, and it returns the loss curve. Muon's
+# Newton–Schulz iteration runs in float64 here, not bfloat16, so that the
 # run depends less on the CPU's kernels. This is a measurement on one small problem, not a
 # ranking: the figure shows the best rate of each.
 
@@ -970,24 +965,10 @@ X_ls = Q_ls @ (torch.randn(32, 256, dtype=f64, generator=gen_ls) * torch.logspac
 Y_ls = torch.randn(16, 32, dtype=f64, generator=gen_ls) @ X_ls
 W_start = torch.randn(16, 32, dtype=f64, generator=gen_ls) / 32**0.5
 ls_steps = 300
-
-
-def least_squares_run(make, lr):
-    w = nn.Parameter(W_start.clone())
-    opt = make([w], lr)
-    losses = []
-    for step in range(ls_steps):
-        set_lr(opt, wsd_schedule(step, lr, lr / 10, 20, 60, ls_steps))
-        residual = w.detach() @ X_ls - Y_ls  # (16, 256)
-        w.grad = residual @ X_ls.T / X_ls.shape[1]  # the gradient of the loss, by hand
-        opt.step()
-        losses.append(0.5 * residual.square().sum().item() / X_ls.shape[1])
-    return np.array(losses)
-
-
 modern = {"AdamW": lambda q, lr: AdamW(q, lr=lr, weight_decay=0.0), "Muon": lambda q, lr: Muon(q, lr=lr, weight_decay=0.0, ns_dtype=f64),
           "Adafactor": lambda q, lr: Adafactor(q, lr=lr), "Lion": lambda q, lr: Lion(q, lr=lr)}
-ls_runs = {(name, lr): least_squares_run(make, lr) for name, make in modern.items() for lr in (0.03, 0.1, 0.3)}
+ls_runs = {(name, lr): least_squares_run(make, lr, X_ls, Y_ls, W_start, ls_steps)  # WSD: 20 warmup, 60 decay steps
+           for name, make in modern.items() for lr in (0.03, 0.1, 0.3)}
 best_lr = {name: min((0.03, 0.1, 0.3), key=lambda lr, n=name: ls_runs[n, lr][-1]) for name in modern}
 print(f"loss at the start: {ls_runs['AdamW', 0.1][0]:.1f}; after {ls_steps} steps (the decade only: the "
       f"oscillating runs differ in their second digit from one CPU to another):")

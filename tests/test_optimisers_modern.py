@@ -1,4 +1,5 @@
-"""Tests for llmbook.training.optimisers_modern: Muon, Adafactor and Lion against their peers."""
+"""Tests for llmbook.training.optimisers_modern: Muon, Adafactor and Lion against their peers,
+and the two harnesses that compare optimisers."""
 
 import pytest
 import sympy as sp
@@ -7,12 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from llmbook.training.optim import SGD, AdamW
 from llmbook.training.optimisers_modern import (
     MUON_COEFFICIENTS,
     Adafactor,
     Lion,
     Muon,
+    least_squares_run,
     newton_schulz,
+    race_with_peer,
 )
 
 f64 = torch.float64
@@ -20,21 +24,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _race(make_ours, make_ref, shapes, steps=25, dtype=f64, seed=0):
-    """Run both optimisers on the same gradients (noise + theta); max |diff| of the parameters."""
-    gen = torch.Generator().manual_seed(seed)
-    start = [torch.randn(*s, dtype=dtype, generator=gen) for s in shapes]
-    ours = [nn.Parameter(p.clone()) for p in start]
-    ref = [nn.Parameter(p.clone()) for p in start]
-    opt_ours, opt_ref = make_ours(ours), make_ref(ref)
-    for _ in range(steps):
-        for a, b in zip(ours, ref, strict=True):
-            grad = torch.randn(a.shape, dtype=dtype, generator=gen) + a.detach()
-            a.grad, b.grad = grad.clone(), grad.clone()
-        opt_ours.step()
-        opt_ref.step()
-    moved = max((a - s).abs().max().item() for a, s in zip(ours, start, strict=True))
-    assert moved > 1e-3  # the race was not run at lr = 0
-    return max((a - b).abs().max().item() for a, b in zip(ours, ref, strict=True)), ours, opt_ours
+    """race_with_peer, and a check that the race moved the parameters (not run at lr = 0)."""
+    race = race_with_peer(make_ours, make_ref, shapes, steps=steps, seed=seed, dtype=dtype)
+    assert race.max_move > 1e-3
+    return race.max_abs_diff, race.params, race.optimizer
 
 
 # ---------------------------------------------------------------- Newton-Schulz
@@ -191,3 +184,127 @@ def test_lion_bad_input():
         Lion(p, betas=(0.9, 1.0))
     with pytest.raises(TypeError, match="lr"):
         Lion(p, lr="fast")
+
+
+# ---------------------------------------------------------------- the harnesses
+
+
+def test_race_with_peer_worked_example():
+    # one step of SGD at lr 0.5 against SGD at lr 0.25 on a (2, 3) and a (1,) tensor: the same
+    # start theta_0 and gradient g = n + theta_0 (drawn in that order from one generator), so
+    # the parameters end 0.25 |g| apart and ours moved 0.5 |g|
+    gen = torch.Generator().manual_seed(7)
+    theta0 = [torch.randn(2, 3, dtype=f64, generator=gen), torch.randn(1, dtype=f64, generator=gen)]
+    grads = [torch.randn(t.shape, dtype=f64, generator=gen) + t for t in theta0]
+    g_max = max(g.abs().max().item() for g in grads)
+    race = race_with_peer(lambda p: SGD(p, lr=0.5), lambda p: SGD(p, lr=0.25), [(2, 3), (1,)], steps=1, seed=7)
+    assert race.max_abs_diff == pytest.approx(0.25 * g_max, rel=1e-15)
+    assert race.max_move == pytest.approx(0.5 * g_max, rel=1e-15)
+    torch.testing.assert_close(race.params[0].detach(), theta0[0] - 0.5 * grads[0], rtol=0, atol=1e-15)
+    assert isinstance(race.optimizer, SGD)
+
+
+def test_race_with_peer_equal_optimisers_and_the_chapters_muon_race():
+    # the race of chapter 9: Muon against torch.optim.Muon, 20 steps, 7 x 12 and 12 x 5 in float64
+    race = race_with_peer(lambda p: Muon(p, lr=0.02), lambda p: torch.optim.Muon(p, lr=0.02), [(7, 12), (12, 5)])
+    assert race.max_abs_diff == 0.0 and race.max_move > 0.1
+    # and a race that must find a difference: AdamW against torch's Adam (no decoupled decay)
+    race = race_with_peer(lambda p: AdamW(p, lr=0.01, weight_decay=0.5), lambda p: torch.optim.Adam(p, lr=0.01),
+                          [(3, 5)], steps=3)
+    assert race.max_abs_diff > 1e-4
+
+
+def test_race_with_peer_bad_input():
+    make = lambda p: SGD(p, lr=0.1)  # noqa: E731
+    with pytest.raises(TypeError, match="make_ours"):
+        race_with_peer("SGD", make, [(2, 3)])
+    with pytest.raises(ValueError, match="shapes"):
+        race_with_peer(make, make, [])
+    with pytest.raises(ValueError, match="shapes"):
+        race_with_peer(make, make, [(2, 0)])
+    with pytest.raises(ValueError, match="steps"):
+        race_with_peer(make, make, [(2, 3)], steps=0)
+    with pytest.raises(TypeError, match="dtype"):
+        race_with_peer(make, make, [(2, 3)], dtype=torch.int64)
+
+
+def test_least_squares_run_worked_example():
+    # W is 1 x 1, X = [[1, 1]], Y = [[2, 2]] (N = 2): L(w) = (w - 2)^2 / 2 and dL/dw = w - 2.
+    # SGD at a constant rate 1/2 (no warmup, no decay): w = 0, 1, 3/2, 7/4; L = 2, 1/2, 1/8
+    losses = least_squares_run(lambda p, lr: SGD(p, lr=lr), 0.5, torch.tensor([[1.0, 1.0]], dtype=f64),
+                               torch.tensor([[2.0, 2.0]], dtype=f64), torch.zeros(1, 1, dtype=f64), 3,
+                               warmup_steps=0, decay_steps=0)
+    assert losses.dtype == f64 and losses.tolist() == [2.0, 0.5, 0.125]
+
+
+def test_least_squares_run_equals_an_autograd_loop_with_torch_optim():
+    # independent of the hand-written gradient and of wsd_schedule: autograd, torch.optim.AdamW
+    # and the rates written out by hand (warmup 3, plateau to step 6, linear decay over 4 to 0.01)
+    gen = torch.Generator().manual_seed(2)
+    x, w_true, w0 = (torch.randn(*s, dtype=f64, generator=gen) for s in ((5, 11), (3, 5), (3, 5)))
+    y = w_true @ x
+    got = least_squares_run(lambda p, lr: torch.optim.AdamW(p, lr=lr, weight_decay=0.0), 0.1, x, y, w0, 10,
+                            warmup_steps=3, decay_steps=4, min_lr=0.01)
+    rates = [0.0, 0.1 / 3, 0.2 / 3, 0.1, 0.1, 0.1, 0.1, 0.1 - 0.09 / 4, 0.1 - 0.09 / 2, 0.1 - 0.09 * 3 / 4]
+    w = nn.Parameter(w0.clone())
+    opt = torch.optim.AdamW([w], lr=0.1, weight_decay=0.0)
+    want = []
+    for rate in rates:
+        opt.param_groups[0]["lr"] = rate
+        opt.zero_grad()
+        loss = 0.5 * (w @ x - y).square().sum() / x.shape[1]
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    torch.testing.assert_close(got, torch.tensor(want, dtype=f64), rtol=1e-12, atol=0)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 5), st.integers(2, 9), st.floats(0.05, 0.95), st.integers(0, 2**31 - 1))
+def test_least_squares_run_gradient_descent_below_the_stability_limit_never_goes_up(d_out, d_in, n, frac, seed):
+    # gradient descent on a convex quadratic with rate < 2 / lambda_max of its Hessian X X^T / N
+    # decreases the loss at every step; the WSD rate never exceeds its peak
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(d_in, n, dtype=f64, generator=gen)
+    y, w0 = torch.randn(d_out, n, dtype=f64, generator=gen), torch.randn(d_out, d_in, dtype=f64, generator=gen)
+    lam_max = torch.linalg.eigvalsh(x @ x.T / n).max().item()
+    losses = least_squares_run(lambda p, lr: SGD(p, lr=lr), frac * 2 / lam_max, x, y, w0, 12,
+                               warmup_steps=2, decay_steps=3)
+    assert (losses.diff() <= 1e-12 * losses[0]).all()
+
+
+def test_least_squares_run_bad_input():
+    x, y, w0 = torch.ones(4, 6), torch.ones(3, 6), torch.zeros(3, 4)
+    make = lambda p, lr: SGD(p, lr=lr)  # noqa: E731
+    with pytest.raises(ValueError, match="start"):
+        least_squares_run(make, 0.1, x, y, torch.zeros(4, 3), 100)
+    with pytest.raises(ValueError, match="inputs"):
+        least_squares_run(make, 0.1, torch.ones(4), y, w0, 100)
+    with pytest.raises(ValueError, match="steps"):
+        least_squares_run(make, 0.1, x, y, w0, 0)
+    with pytest.raises(ValueError, match="total_steps"):  # warmup 20 + decay 60 do not fit in 50 steps
+        least_squares_run(make, 0.1, x, y, w0, 50)
+    with pytest.raises(ValueError, match="lr"):
+        least_squares_run(make, -0.1, x, y, w0, 100)
+    with pytest.raises(TypeError, match="make"):
+        least_squares_run(None, 0.1, x, y, w0, 100)
+
+
+def test_muon_docstring_sum_and_code_average_give_the_same_update() -> None:
+    """torch's Muon docstring keeps the momentum as a sum (B <- mu B + G, Nesterov G + mu B);
+    its code, and ours, keep the average. Newton-Schulz normalises its input, so the updates
+    agree (to float64 round-off, eps = 1e-7 aside) step after step."""
+    from llmbook.training.optimisers_modern import newton_schulz
+
+    g = torch.Generator().manual_seed(3)
+    grads = [torch.randn(5, 3, generator=g, dtype=torch.float64) for _ in range(4)]
+    mu = 0.95
+    b_sum = torch.zeros(5, 3, dtype=torch.float64)
+    b_avg = torch.zeros(5, 3, dtype=torch.float64)
+    for grad in grads:
+        b_sum = mu * b_sum + grad
+        b_avg = b_avg.lerp(grad, 1 - mu)
+        o_sum = newton_schulz(grad + mu * b_sum, eps=0.0, dtype=torch.float64)
+        o_avg = newton_schulz(grad.lerp(b_avg, mu), eps=0.0, dtype=torch.float64)
+        assert torch.allclose(o_sum, o_avg, rtol=0, atol=1e-12)
+        assert torch.allclose((1 - mu) * (grad + mu * b_sum), grad.lerp(b_avg, mu), rtol=0, atol=1e-14)

@@ -19,21 +19,34 @@ classic ones (SGD, Adam, AdamW) and the schedules are in :mod:`llmbook.training.
 * :class:`Lion` (Chen et al., 2023, "Symbolic Discovery of Optimization Algorithms"):
   the sign of an interpolation between the momentum and the gradient; one
   state tensor per parameter (Adam keeps two).
+
+Two harnesses compare optimisers: :func:`race_with_peer` runs one of these and its
+PyTorch counterpart on the same random gradients and reports how far apart they end;
+:func:`least_squares_run` trains a matrix least-squares problem under the WSD schedule
+(:func:`~llmbook.training.optim.wsd_schedule`) and returns the loss curve.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from llmbook.training.optim import Params, _check_betas, _check_number, _run_closure
+from llmbook.training.optim import (
+    Params,
+    _check_betas,
+    _check_number,
+    _run_closure,
+    set_lr,
+    wsd_schedule,
+)
 
-__all__ = ["MUON_COEFFICIENTS", "Adafactor", "Lion", "Muon", "newton_schulz"]
+__all__ = ["MUON_COEFFICIENTS", "Adafactor", "Lion", "Muon", "PeerRace", "least_squares_run", "newton_schulz",
+           "race_with_peer"]
 
 #: The quintic's coefficients (a, b, c) of Jordan et al. (2024), torch.optim.Muon's default.
 MUON_COEFFICIENTS: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
@@ -109,6 +122,11 @@ class Muon(Optimizer):
         M <- (1 - mu) G + mu B if nesterov else B
         O <- newton_schulz(M)                           (about U V^T of M = U S V^T)
         W <- (1 - lr lambda) W - lr r O,    r = sqrt(max(1, n / m))
+
+    torch's docstring writes the buffer as a sum, B <- mu B + G, and the Nesterov input as
+    G + mu B; its code (followed here) keeps the average, (1 - mu) times that sum, so the
+    input M is (1 - mu) times the docstring's. Newton-Schulz divides M by its norm first, so
+    the two give the same update but for the eps in that division.
 
     Every singular direction of the momentum moves by about the same amount, however small
     its singular value: the update's spectral norm is about lr r whatever the gradient's
@@ -315,3 +333,122 @@ class Lion(Optimizer):
                 p.mul_(1 - lr * lam).add_(direction, alpha=-lr)
                 m.lerp_(p.grad, 1 - beta2)
         return loss
+
+
+# ---------------------------------------------------------------- comparing optimisers
+
+
+class PeerRace(NamedTuple):
+    """The result of :func:`race_with_peer`."""
+
+    max_abs_diff: float  # max |theta_ours - theta_ref| over all parameters after the run
+    optimizer: Optimizer  # ours, with its state after the run
+    params: list[nn.Parameter]  # ours, after the run
+    max_move: float  # max |theta_ours - theta_0|: how far the run moved (0 means it tested nothing)
+
+
+def _check_make(name: str, make: object) -> Callable[..., Optimizer]:
+    if not callable(make):
+        raise TypeError(f"{name} must be a callable that returns an optimizer, got {type(make).__name__}")
+    return make
+
+
+def _check_float_dtype(dtype: object) -> torch.dtype:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    return dtype
+
+
+def race_with_peer(
+    make_ours: Callable[[list[nn.Parameter]], Optimizer],
+    make_ref: Callable[[list[nn.Parameter]], Optimizer],
+    shapes: Sequence[Sequence[int]],
+    steps: int = 20,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+) -> PeerRace:
+    """Run two optimisers side by side on the same gradients; how far apart do they end?
+
+    Introduced in notebooks/09_optimisers (section "Optimisers practitioners use now"),
+    where it checks :class:`Muon` and :class:`Adafactor` against ``torch.optim.Muon`` and
+    ``torch.optim.Adafactor``. One generator (``seed``) draws the start, a tensor of each
+    shape in ``shapes`` (e.g. ``[(7, 12), (12, 5)]``: non-square on purpose), and then, at
+    each of ``steps`` steps, for each parameter in turn, a gradient
+    g = noise + theta_ours (noise ~ N(0, 1), shape of the parameter), given to both
+    optimisers. ``make_ours`` and ``make_ref`` build the optimisers from a list of
+    parameters. Returns a :class:`PeerRace`: the largest absolute difference of the
+    parameters at the end (0.0 when the two follow the same arithmetic), our optimizer and
+    parameters (to inspect their state), and the largest distance our parameters moved.
+    """
+    make_ours = _check_make("make_ours", make_ours)
+    make_ref = _check_make("make_ref", make_ref)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got steps={steps!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {seed!r}")
+    dtype = _check_float_dtype(dtype)
+    if isinstance(shapes, str) or not isinstance(shapes, Sequence) or not shapes or not all(
+            isinstance(s, Sequence) and len(s) >= 1 and all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in s) for s in shapes):
+        raise ValueError(f"shapes must be a non-empty list of shapes of positive ints, got {shapes!r}")
+    gen = torch.Generator().manual_seed(seed)
+    start = [torch.randn(*s, dtype=dtype, generator=gen) for s in shapes]
+    ours = [nn.Parameter(w.clone()) for w in start]
+    ref = [nn.Parameter(w.clone()) for w in start]
+    opt_ours, opt_ref = make_ours(ours), make_ref(ref)
+    for _ in range(steps):
+        for p, q in zip(ours, ref, strict=True):
+            p.grad = torch.randn(p.shape, dtype=dtype, generator=gen) + p.detach()  # noise + theta
+            q.grad = p.grad.clone()
+        opt_ours.step()
+        opt_ref.step()
+    diff = max((p - q).abs().max().item() for p, q in zip(ours, ref, strict=True))
+    moved = max((p - w).abs().max().item() for p, w in zip(ours, start, strict=True))
+    return PeerRace(diff, opt_ours, ours, moved)
+
+
+def least_squares_run(
+    make: Callable[[list[nn.Parameter], float], Optimizer],
+    lr: float,
+    inputs: Tensor,
+    targets: Tensor,
+    start: Tensor,
+    steps: int,
+    warmup_steps: int = 20,
+    decay_steps: int = 60,
+    min_lr: float | None = None,
+) -> Tensor:
+    """Train W on L(W) = ||W X - Y||_F^2 / (2N) with an optimizer and the WSD schedule.
+
+    Introduced in notebooks/09_optimisers (section "Optimisers practitioners use now"), where
+    AdamW, Muon, Adafactor and Lion race on one badly scaled problem. ``inputs`` X is
+    (d_in, N), ``targets`` Y is (d_out, N), ``start`` W_0 is (d_out, d_in). ``make(params, lr)``
+    builds the optimizer; before step s its rate is set to
+    ``wsd_schedule(s, lr, min_lr, warmup_steps, decay_steps, steps)``, with ``min_lr = lr / 10``
+    unless given. The gradient
+    is written out, (W X - Y) X^T / N, so no autograd graph is built. Returns the loss
+    *before* each step, a float64 tensor of shape (steps,) (entry 0 is L(W_0)).
+    """
+    make = _check_make("make", make)
+    lr = _check_number("lr", lr)
+    min_lr = lr / 10 if min_lr is None else _check_number("min_lr", min_lr)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got steps={steps!r}")
+    for name, t in (("inputs", inputs), ("targets", targets), ("start", start)):
+        if not isinstance(t, Tensor) or t.ndim != 2 or not t.is_floating_point():
+            raise ValueError(f"{name} must be a 2-D floating-point tensor, got "
+                             f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
+    if targets.shape[1] != inputs.shape[1] or start.shape != (targets.shape[0], inputs.shape[0]):
+        raise ValueError(f"inputs (d_in, N), targets (d_out, N) and start (d_out, d_in) do not fit: got "
+                         f"{tuple(inputs.shape)}, {tuple(targets.shape)} and {tuple(start.shape)}")
+    w = nn.Parameter(start.clone())
+    opt = make([w], lr)
+    n = inputs.shape[1]
+    losses = torch.empty(steps, dtype=torch.float64)
+    for step in range(steps):
+        set_lr(opt, wsd_schedule(step, lr, min_lr, warmup_steps, decay_steps, steps))
+        residual = w.detach() @ inputs - targets  # (d_out, N)
+        w.grad = residual @ inputs.T / n  # (d_out, d_in): the gradient of the loss, by hand
+        opt.step()
+        losses[step] = 0.5 * residual.square().sum().item() / n
+    return losses
