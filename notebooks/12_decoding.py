@@ -42,6 +42,7 @@
 # %%
 import copy
 import itertools
+import json
 import math
 import re
 import time
@@ -97,6 +98,7 @@ from llmbook.inference.sampling import (
     top_p_filter,
 )
 from llmbook.nbtools import Checks, best_time, save_figure, seed_everything, show_source
+from llmbook.paths import data_path
 from llmbook.text.data import default_source
 from llmbook.text.ngram import NGramModel
 from llmbook.text.worked_example import PublishedComparison, load_the_cat_sat
@@ -531,6 +533,12 @@ checks
 show_source(KVCache.update)
 
 # %% [markdown]
+# Its first line checks the arguments (`_check_new_kv`, which chapter 13's paged cache
+# shares, names a wrong layer index, a wrong shape, or new positions that do not fit in
+# $T_{max}$) and returns the new length; the next two write the $T$ new keys and values
+# after the `length` cached ones, and the method returns views of all of them. `length`
+# itself moves on only when every layer has written (`advance`, called by the model).
+#
 # The cache must not change the result: greedy decoding with and without it gives the
 # same tokens, and the logits of a prefill followed by one-token steps equal those of one
 # full forward pass to round-off. The memory is $2 L B T H_{kv} d_{head}$ elements (keys
@@ -733,16 +741,16 @@ prompts = train_ids[:2 * 80].view(80, 2).long()  # 80 prompts of 2 tokens
 with torch.no_grad():
     for gamma_ in gammas:
         gen = torch.Generator().manual_seed(100 + gamma_)
-        tokens_per_step, alpha_sum, alpha_n = [], 0.0, 0
+        tokens_per_step, texts_ = [], []
         for pr in prompts:
             ids, st = speculative_generate(target, draft, pr[None], 14, gamma_, generator=gen)
             tokens_per_step += [t for t, n in zip(st.tokens_per_step, st.proposed, strict=True) if n == gamma_]
-            pp = torch.softmax(target(ids)[0, 1:-1].double(), -1)
-            qq = torch.softmax(draft(ids)[0, 1:-1], -1)
-            alpha_sum += float(torch.minimum(pp, qq).sum())
-            alpha_n += pp.shape[0]
+            texts_.append(ids)
+        texts_ = torch.cat(texts_)  # (80, 16): alpha at every generated position, in one pass
+        pp = torch.softmax(target(texts_)[:, 1:-1].double(), -1)
+        qq = torch.softmax(draft(texts_)[:, 1:-1], -1)
         measured_real.append(sum(tokens_per_step) / len(tokens_per_step))
-        alphas_real.append(alpha_sum / alpha_n)
+        alphas_real.append(float(torch.minimum(pp, qq).sum(-1).mean()))
 alpha_real = float(np.mean(alphas_real))
 print(f"real models: average alpha = {alpha_real:.3f}")
 
@@ -797,7 +805,11 @@ checks
 # (*self-speculative* decoding: Zhang et al., 2024, "Draft & Verify: Lossless Large
 # Language Model Acceleration via Self-Speculative Decoding"; Elhoushi et al., 2024,
 # "LayerSkip"), built by `early_exit_draft`. We time 64 sampled tokens ($T = 1$) with
-# plain cached decoding and with speculative decoding, in the same run, best of two.
+# plain cached decoding and with speculative decoding, in the same run, best of two. The
+# acceptance rate put into $S$ is measured by `SpeculativeStats.acceptance_rate`: the
+# drafted tokens accepted over those tested (a step stops testing at its first rejection),
+# which estimates $\alpha$ (`tests/test_sampling.py` checks it against
+# $\sum_x \min(p(x), q(x))$ computed in exact fractions).
 
 # %%
 show_source(early_exit_draft)
@@ -809,12 +821,6 @@ t_plain, _ = best_time(lambda: generate(text_model, prompt, n_new, temperature=1
 print(f"plain decoding, cached: {1e3 * t_plain:6.0f} ms for {n_new} tokens ({n_new} target passes)")
 
 
-def acceptance(st) -> float:
-    """Per-token acceptance: accepted / (accepted + rejections), steps cut short at the end aside."""
-    rejections = sum(a < n for a, n in zip(st.accepted, st.proposed, strict=True))
-    return sum(st.accepted) / (sum(st.accepted) + rejections)
-
-
 for draft_layers, gamma_ in ((1, 2), (2, 3)):
     draft_lm = early_exit_draft(text_model, draft_layers)
     t_draft, _ = best_time(lambda d=draft_lm: generate(d, prompt, n_new, temperature=1.0, use_cache=True,
@@ -822,7 +828,7 @@ for draft_layers, gamma_ in ((1, 2), (2, 3)):
     t_spec, (_, st) = best_time(lambda d=draft_lm, k=gamma_: speculative_generate(
         text_model, d, prompt, n_new, k, use_cache=True, generator=torch.Generator().manual_seed(0)),
         repeats=2)
-    c_cost, a_hat = t_draft / t_plain, acceptance(st)
+    c_cost, a_hat = t_draft / t_plain, st.acceptance_rate
     print(f"draft = first {draft_layers} of {text_model.config.n_layers} layers, gamma = {gamma_}: "
           f"cost ratio c = {c_cost:.2f}, acceptance {a_hat:.2f}; predicted speed-up "
           f"{speculative_speedup(a_hat, gamma_, c_cost):.2f}x, measured {t_plain / t_spec:.2f}x "
@@ -1156,21 +1162,34 @@ checks
 # rule runs the full 128 tokens). We compare greedy decoding, greedy with the repetition
 # penalty $\theta = 1.3$, greedy with no repeated 3-gram (the hard ban of
 # `no_repeat_ngram_filter`), and four seeded samples at $T = 0.8$ drawn as one batch.
+#
+# Writing these texts takes $4 \times 128$ decoding steps, one after the other; checking
+# them takes one teacher-forced forward pass per run, because every position's
+# distribution comes out of a single pass once the tokens are known (the asymmetry that
+# speculative decoding exploits). So `data/make_real_decoding.py` decodes them with
+# `generate` (the calls are in the script: `generate(real_model, base_ids, 128,
+# temperature=0, repetition_penalty=1.3)` and so on) and ships the token ids, and here
+# `choice_margins` replays each run: every token must be the one its rule picks from the
+# replayed logits, with the margin above. A stale file, another model or a change in a rule
+# fails this check.
 
 # %%
 N_REAL, T0 = 128, base_ids.shape[1]
 greedy_rules = {"greedy": {}, "greedy + penalty 1.3": dict(repetition_penalty=1.3),
                 "greedy + no 3-gram twice": dict(no_repeat_ngram_size=3)}
-runs = {name: generate(real_model, base_ids, N_REAL, temperature=0, **rule)
-        for name, rule in greedy_rules.items()}
-samples = generate(real_model, base_ids.expand(4, -1), N_REAL, temperature=0.8,
-                   generator=torch.Generator().manual_seed(0))  # (4, T0 + 128)
-checks = Checks("every printed token has a margin > 1e-3")
+shipped = json.loads(data_path("real_decoding", "runs.json").read_text())
+runs = {name: torch.cat([base_ids, torch.tensor([shipped["runs"][name]])], dim=1) for name in greedy_rules}
+samples = torch.cat([base_ids.expand(4, -1), torch.tensor(shipped["samples"])], dim=1)  # (4, T0 + 128)
+checks = Checks("the shipped runs are what each rule decodes, every margin > 1e-3")
+recipe = dict(prompt=base_prompt, max_new_tokens=N_REAL, greedy_rules=greedy_rules,
+              samples=dict(batch=4, temperature=0.8, seed=0))
+checks.true("the file's recipe and prompt ids are this section's",
+            shipped["recipe"] == recipe and shipped["prompt_ids"] == base_ids[0].tolist())
 for name, rule in greedy_rules.items():
-    m = choice_margins(runs[name], T0, **rule)
-    checks.true(f"{name}: every gap >= {margin_floor(m)}", float(m.min()) > 1e-3)
+    m = choice_margins(runs[name], T0, **rule)  # asserts that the replay picks every shipped token
+    checks.true(f"{name}: replayed, every gap >= {margin_floor(m)}", float(m.min()) > 1e-3)
 m = choice_margins(samples, T0, temperature=0.8, seed=0)
-checks.true(f"T = 0.8 samples: every race margin >= {margin_floor(m)}", float(m.min()) > 1e-3)
+checks.true(f"T = 0.8 samples: replayed, every race margin >= {margin_floor(m)}", float(m.min()) > 1e-3)
 checks
 
 # %%
@@ -1287,7 +1306,7 @@ t_real_spec, (spec_copy, st_copy) = best_time(lambda: speculative_generate(
     real_model, lookup, copy_ids, n_copy, gamma_copy, temperature=0.5,
     generator=torch.Generator().manual_seed(0)), repeats=1)
 t_guess, _ = best_time(lambda: lookup.next_token_logits(spec_copy), repeats=3)
-c_copy, a_copy = t_guess / (t_real / n_copy), acceptance(st_copy)
+c_copy, a_copy = t_guess / (t_real / n_copy), st_copy.acceptance_rate
 print("speculative output:", repr(chat_tok.decode(spec_copy[0, copy_ids.shape[1]:].tolist())))
 print(f"plain: {1e3 * t_real:.0f} ms for {n_copy} tokens ({n_copy} target passes); speculative: "
       f"{1e3 * t_real_spec:.0f} ms, {len(st_copy.accepted)} target passes")

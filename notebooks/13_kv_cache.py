@@ -98,7 +98,8 @@ tok = text_info["tokenizer"]
 # $\le j$: once computed they are final. The cached forward pass therefore runs the
 # network on the new token only, appends its key and value to the cache, and lets its
 # query attend over all $T_k$ cached positions (the bottom-right aligned causal mask of
-# chapter 12). The layer-level code is a dozen lines:
+# chapter 12). The layer-level code is three lines once its arguments are checked (the shared
+# `_check_new_kv` names a wrong layer, a wrong shape or a cache that is full):
 
 # %%
 show_source(KVCache.update)
@@ -377,10 +378,16 @@ plt.show()
 # with groups of three. The formula gives its cache per token and at its full 8,192-token
 # context. Three measurements check it: the bytes the book's `KVCache` allocates, the bytes
 # of the positions a prefill of a chat actually wrote, and the bytes of the cache that
-# `transformers` (its own Llama, loaded from the same file) returns for the same prompt.
+# `transformers` returns for the same prompt. The `transformers` model is its own
+# `LlamaForCausalLM`, given the book's weights by `to_hf_llama` (the inverse of chapter 7's
+# `from_hf`): its attention, RoPE, norms and cache are its own code. Only the weights come
+# from the book, and they are bit for bit the 273 tensors that `transformers`' own GGUF reader
+# makes of the file (`tests/test_hf_export.py` compares them all), built in a second rather
+# than the quarter of a minute that reader takes.
 
 # %%
-from llmbook.inference.gguf import load_model, smollm2_path, transformers_peer  # noqa: E402
+from llmbook.inference.gguf import load_model, smollm2_path  # noqa: E402
+from llmbook.transformer.hf_loading import to_hf_llama  # noqa: E402
 
 smol, smol_tok = load_model(smollm2_path())
 sc = smol.config
@@ -401,7 +408,7 @@ T_chat = chat_ids.shape[1]
 smol_cache = KVCache.for_model(smol, 1, 256)
 with torch.no_grad():
     smol_prefill = smol(chat_ids, cache=smol_cache)  # (1, T, V)
-hf_smol, _ = transformers_peer(smollm2_path())
+hf_smol = to_hf_llama(smol)  # transformers' LlamaForCausalLM, the book's weights
 with torch.no_grad():
     hf_prefill = hf_smol(chat_ids, use_cache=True)
 hf_cache = hf_prefill.cache  # a DynamicCache
@@ -454,7 +461,7 @@ checks
 # equality of the tokens is asserted in it.
 
 # %% tags=["nbval-ignore-output"]
-n_new = 24
+n_new = 16
 for use_cache in (True, False):
     t0 = time.perf_counter()
     out = generate(smol, chat_ids, n_new, temperature=0, use_cache=use_cache)

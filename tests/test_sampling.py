@@ -5,6 +5,7 @@ in test_sampling_real.py."""
 import copy
 import itertools
 import math
+from fractions import Fraction
 
 import pytest
 import sympy as sp
@@ -23,6 +24,7 @@ from llmbook.inference.sampling import (
     BigramLM,
     IncrementalDecoder,
     PromptLookupDraft,
+    SpeculativeStats,
     apply_temperature,
     beam_search,
     chi_square_sf,
@@ -896,3 +898,35 @@ def test_sample_next_names_the_position_of_nan_or_inf_logits():
     masked[1] = float("-inf")
     with pytest.raises(ValueError, match="row 1 of logits is -inf for every token"):
         sample_next(masked)
+
+
+# ---------------------------------------------------------------- measured acceptance rate
+
+
+def test_acceptance_rate_worked_example() -> None:
+    # step 1 accepts all 3, step 2 rejects its 2nd draft (1 accepted + 1 rejected, the 3rd never
+    # tested), step 3 accepts its 2 (cut short near the end), step 4 drafts nothing: 6 / 7
+    stats = SpeculativeStats(proposed=[3, 3, 2, 0], accepted=[3, 1, 2, 0])
+    assert stats.acceptance_rate == 6 / 7
+    assert SpeculativeStats(proposed=[2, 2], accepted=[0, 0]).acceptance_rate == 0.0
+    assert math.isnan(SpeculativeStats().acceptance_rate)
+
+
+def test_acceptance_rate_estimates_sum_of_min_p_q() -> None:
+    # context-free p and q with exact fractions: alpha = sum_x min(p(x), q(x)) = 1/8 + 1/4 + 1/4 = 5/8
+    p = [Fraction(1, 2), Fraction(1, 4), Fraction(1, 8), Fraction(1, 8)]
+    q = [Fraction(1, 8), Fraction(1, 4), Fraction(1, 4), Fraction(3, 8)]
+    alpha = sum(min(a, b) for a, b in zip(p, q, strict=True))
+    assert alpha == Fraction(5, 8)
+    p_t, q_t = (torch.tensor([float(x) for x in d], dtype=torch.float64) for d in (p, q))
+    assert float(torch.minimum(p_t, q_t).sum()) == float(alpha)  # dyadic: exact in binary
+    target, draft = BigramLM.from_probs(p_t.expand(4, 4)), BigramLM.from_probs(q_t.expand(4, 4))
+    _, stats = speculative_generate(target, draft, torch.tensor([[0]]), 3000, gamma=3,
+                                    generator=torch.Generator().manual_seed(11))
+    tested = sum(stats.accepted) + sum(a < n for a, n in zip(stats.accepted, stats.proposed, strict=True))
+    # independent Bernoulli(alpha) trials: 5 standard errors, fixed before the run
+    assert abs(stats.acceptance_rate - float(alpha)) < 5 * math.sqrt(float(alpha * (1 - alpha)) / tested)
+    # a draft equal to the target is always accepted (u q(x) < p(x) for u < 1)
+    _, same = speculative_generate(target, BigramLM.from_probs(p_t.expand(4, 4)), torch.tensor([[0]]), 50,
+                                   gamma=4, generator=torch.Generator().manual_seed(0))
+    assert same.acceptance_rate == 1.0

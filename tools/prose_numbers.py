@@ -477,8 +477,11 @@ def classify(chapter: Chapter, registry: dict[str, dict[str, str]] | None = None
     everywhere = Values([p for v in sections.values() for p in v.pairs])
     code = output_values("\n".join(c["source"] for c in chapter.cells if c["type"] == "code"))
     number = chapter.name.split("_")[0]
-    tests = ROOT / "tests" / f"test_solutions_{number}.py"
-    solution = output_values(tests.read_text()) if tests.exists() else Values()
+    # the exercises' checks: the tests of the reference solutions, and the package's checks
+    # that they run (llmbook/workbench/checks/chNN.py, issue 28)
+    checked = [ROOT / "tests" / f"test_solutions_{number}.py",
+               ROOT / "llmbook" / "workbench" / "checks" / f"ch{number}.py"]
+    solution = output_values("\n".join(p.read_text() for p in checked if p.exists()))
     used = set()
     for t in typed:
         if matches(t, sections.get(t.section, Values())):

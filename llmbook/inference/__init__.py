@@ -8,7 +8,8 @@ Chapter → module → what it defines:
   ``sample_next``, ``stream`` and ``generate`` (stop tokens, streaming), ``sample_text``,
   ``IncrementalDecoder`` (streamed ids to whole characters), ``repeated_ngram_fraction``,
   ``beam_search``, ``speculative_generate`` (with KV caches for target and draft),
-  ``early_exit_draft``, ``PromptLookupDraft``, ``speculative_speedup``;
+  ``early_exit_draft``, ``PromptLookupDraft``, ``speculative_speedup``,
+  ``SpeculativeStats.acceptance_rate``;
   :mod:`~llmbook.inference.kvcache`: ``KVCache`` (it implements the model's
   ``AttentionCache`` interface) and ``kv_cache_bytes``; ``PagePool`` and
   ``PagedKVCache`` (pages, block tables, prefix caching) are chapter 13's.

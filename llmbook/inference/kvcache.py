@@ -129,21 +129,7 @@ class KVCache:
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new keys and values of ``layer`` (B, H_kv, T, d_head) after the cached
         ones; return all cached keys and values (B, H_kv, length + T, d_head) (views)."""
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.n_layers:
-            raise ValueError(f"layer must be an int in [0, {self.n_layers}), got {layer!r}")
-        want = (self.batch_size, self.n_kv_heads, self.d_head)
-        for name, t in (("k", k), ("v", v)):
-            if not isinstance(t, Tensor) or t.ndim != 4 or (t.shape[0], t.shape[1], t.shape[3]) != want:
-                got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-                raise ValueError(f"{name} must have shape (B, H_kv, T, d_head) = ({want[0]}, "
-                                 f"{want[1]}, T, {want[2]}), got {got}")
-        if k.shape != v.shape:
-            raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
-                             f"{tuple(v.shape)}")
-        end = self.length + k.shape[2]
-        if end > self.max_seq_len:
-            raise ValueError(f"the cache holds max_seq_len={self.max_seq_len} positions: "
-                             f"{self.length} cached + {k.shape[2]} new = {end} do not fit")
+        end = _check_new_kv(self, layer, k, v)  # layer, shapes, and that the positions fit
         self.keys[layer][:, :, self.length:end] = k
         self.values[layer][:, :, self.length:end] = v
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]

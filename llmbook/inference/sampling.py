@@ -831,6 +831,23 @@ class SpeculativeStats:
     def tokens_per_step(self) -> list[int]:
         return [a + 1 for a in self.accepted]
 
+    @property
+    def acceptance_rate(self) -> float:
+        """The measured per-token acceptance rate: accepted / (accepted + rejected) drafts.
+
+        A step tests its drafted tokens left to right and stops at the first rejection, so
+        each step contributes its accepted tokens plus one rejection if it accepted fewer
+        than it proposed; tokens after a rejection were never tested and do not count. With
+        a context-free draft q and target p every test is an independent trial that
+        succeeds with probability alpha = sum_x min(p(x), q(x)) (Leviathan et al., 2023),
+        and this is its maximum-likelihood estimate, the alpha to put in
+        :func:`expected_tokens_per_step` and :func:`speculative_speedup`. NaN when no
+        drafted token was tested. Introduced in notebooks/12_decoding (section 12.8).
+        """
+        rejected = sum(a < n for a, n in zip(self.accepted, self.proposed, strict=True))
+        tested = sum(self.accepted) + rejected
+        return sum(self.accepted) / tested if tested else float("nan")
+
 
 def _probs(model: nn.Module, ids: Tensor) -> Tensor:
     return torch.softmax(model(ids)[0].double(), dim=-1)  # (T, V)

@@ -19,7 +19,8 @@ Chapter → module → what it defines:
   ``QKNormAttention``, ``GeGLU``, ``DecoderBlock``, ``TransformerLM``, ``minimal_forward`` (its
   teaching version) and ``expected_initial_loss`` (tied and untied);
   :mod:`~llmbook.transformer.hf_loading`: ``from_hf`` and ``config_from_hf`` (Hugging
-  Face GPT-2, Llama 3.x, Qwen2/3, Mistral, OLMo 2, Gemma 2/3 and SmolLM3 weights into the book's model); :mod:`~llmbook.transformer.sizing`: closed-form
+  Face GPT-2, Llama 3.x, Qwen2/3, Mistral, OLMo 2, Gemma 2/3 and SmolLM3 weights into the book's model),
+  and ``to_hf_llama`` (a Llama-style book model into transformers' ``LlamaForCausalLM``); :mod:`~llmbook.transformer.sizing`: closed-form
   ``count_parameters`` and ``flops_per_token``, numeric and symbolic, built term by term
   from the layers' shapes (``parameter_terms_symbolic``, ``flops_terms_symbolic``).
 * 6, 7 (and 12) The published worked example → :mod:`~llmbook.transformer.worked_example`:

@@ -34,6 +34,11 @@ switches, so loading one is two steps: read the switches from the Hugging Face c
   and its attention keeps W_Q, W_K, W_V side by side in one (d, 3d) matrix ``c_attn``.
   So every weight is transposed, and ``c_attn`` is split into three d-wide column blocks.
 
+The other way, :func:`to_hf_llama` hands a Llama-style book model (pre-norm RMSNorm, RoPE
+pairs of either kind, SwiGLU, optional grouped-query attention, tied or untied embeddings)
+to ``transformers``' own ``LlamaForCausalLM``: the same weights in another implementation of
+attention, RoPE, the norms and the KV cache (chapter 13 decodes SmolLM2 with both).
+
 Only what the book's model implements is accepted: an unsupported architecture, another RoPE scaling, Qwen's per-layer sliding windows, attention
 dropout or GPT-2's per-layer attention scaling is a ``ValueError`` naming it. :func:`randomize_parameters_` adds noise to every parameter of a
 freshly initialised model, so that a comparison exercises the norm gains and biases too
@@ -49,7 +54,7 @@ from torch import Tensor, nn
 
 from llmbook.transformer.model import TransformerConfig, TransformerLM
 
-__all__ = ["config_from_hf", "from_hf", "randomize_parameters_"]
+__all__ = ["config_from_hf", "from_hf", "randomize_parameters_", "to_hf_llama"]
 
 SUPPORTED = ("gpt2", "llama", "qwen2", "qwen3", "mistral", "olmo2", "gemma2", "gemma3_text", "smollm3")
 
@@ -251,6 +256,77 @@ def from_hf(hf_model: nn.Module) -> TransformerLM:
         model = TransformerLM(config).to(dtype)
     model.load_state_dict({k: v.detach() for k, v in state.items()}, strict=True)
     return model
+
+
+def to_hf_llama(model: TransformerLM) -> nn.Module:
+    """``transformers``' ``LlamaForCausalLM`` with the configuration and weights of ``model``.
+
+    The inverse of :func:`from_hf` for Llama-style models (Touvron et al., 2023): pre-norm
+    RMSNorm without biases, RoPE without scaling, SwiGLU, no QK-norm,
+    soft-caps, sliding windows, NoPE layers or embedding scale; biases on the attention
+    projections (all four or none) and the MLP follow ``attention_bias`` and ``mlp_bias``.
+    ``transformers`` rotates half-split pairs (i, i + d_head/2); a model that rotates
+    interleaved pairs (2i, 2i + 1), as one read from a GGUF file does, has the rows of each
+    query and key head reordered to match, which gives the same scores.
+    The result is in eval mode with ``model``'s dtype and device, and computes the same logits
+    (to round-off) for the same ids; the weights are copied, not shared. Any other option is a
+    ``ValueError`` naming it.
+    """
+    if not isinstance(model, TransformerLM):
+        raise TypeError(f"model must be a TransformerLM, got {type(model).__name__}")
+    c = model.config
+    unsupported = {
+        "norm": (c.norm, "rmsnorm"), "positions": (c.positions, "rope"), "mlp": (c.mlp, "swiglu"),
+        "norm_position": (c.norm_position, "pre"),
+        "qk_norm": (c.qk_norm, False), "sliding_window": (c.sliding_window, None),
+        "rope_scaling": (c.rope_scaling, None), "layer_types": (c.layer_types, None),
+        "no_rope_layers": (c.no_rope_layers, None), "embed_scale": (c.embed_scale, 1.0),
+        "attn_scale": (c.attn_scale, None), "attn_softcap": (c.attn_softcap, None),
+        "final_softcap": (c.final_softcap, None), "norm_bias": (c.norm_bias, False),
+    }
+    for name, (got, want) in unsupported.items():
+        if got != want:
+            raise ValueError(f"to_hf_llama needs {name}={want!r} (a Llama-style model), got {got!r}")
+    if c.qkv_bias != c.out_bias:
+        raise ValueError(f"Llama's attention_bias covers q, k, v and o alike; got qkv_bias="
+                         f"{c.qkv_bias} and out_bias={c.out_bias}")
+    if c.d_model % c.n_heads:
+        raise ValueError(f"transformers' Llama needs d_model divisible by n_heads, got d_model="
+                         f"{c.d_model} and n_heads={c.n_heads}")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hc = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff,
+                     num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
+                     num_key_value_heads=c.n_kv_heads, head_dim=c.d_head,
+                     max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps,
+                     rope_theta=c.rope_theta, tie_word_embeddings=c.tie_embeddings,
+                     attention_bias=c.qkv_bias, mlp_bias=c.mlp_bias, hidden_act="silu")
+    sd = model.state_dict()
+    first = next(iter(sd.values()))
+    try:  # skip the random initialisation of weights that are overwritten next
+        from transformers.initialization import no_init_weights
+    except ImportError:  # transformers 4.x
+        from transformers.modeling_utils import no_init_weights
+    with torch.device(first.device), no_init_weights():
+        hf = LlamaForCausalLM(hc).to(first.dtype)
+    ours = _llama_state({k: k for k in hf.state_dict()}, c.n_layers, c.tie_embeddings)  # book -> HF name
+    state = {ours[k]: v.detach().clone() for k, v in sd.items() if k in ours}
+    if c.rope_interleaved:  # pairs (2i, 2i+1) -> HF's half-split pairs (i, i + d_head/2)
+        order = torch.cat([torch.arange(0, c.d_head, 2), torch.arange(1, c.d_head, 2)])
+        for proj, heads in (("q_proj", c.n_heads), ("k_proj", c.n_kv_heads)):
+            for layer in range(c.n_layers):
+                for kind in ("weight", "bias"):
+                    name = f"model.layers.{layer}.self_attn.{proj}.{kind}"
+                    if name in state:
+                        t = state[name]
+                        state[name] = t.reshape(heads, c.d_head, *t.shape[1:])[:, order].reshape(t.shape)
+    missing = set(hf.state_dict()) - set(state) - ({"lm_head.weight"} if c.tie_embeddings else set())
+    if missing:
+        raise ValueError(f"to_hf_llama: no book tensor for {sorted(missing)[:4]}")
+    hf.load_state_dict(state, strict=not c.tie_embeddings)
+    if c.tie_embeddings:
+        hf.tie_weights()
+    return hf.eval()
 
 
 @torch.no_grad()
