@@ -16,7 +16,6 @@ them instead of re-training in the notebook.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from llmbook.training.emergence import EMERGENCE_RESULTS, emergence_sweep
+from llmbook.training.pretrained import write_sweep
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,10 +42,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  f"N = {r['N']:6,d}: per-token {r['per_token_accuracy']:.3f}, "
                                                  f"exact match {r['exact_match']:.3f}", flush=True))
     result["machine"] = f"{platform.machine()}, torch {torch.__version__}, one thread"
-    result["seconds"] = round(time.perf_counter() - began, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {len(result['runs'])} runs to {args.out} in {result['seconds']:.0f} s")
+    write_sweep(args.out, result, began)
     return 0
 
 

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -37,32 +35,24 @@ from llmbook.scale.moe_training import (
     _book_text_ids,
     train_variant_seed,
 )
-from llmbook.training.pretrained import machine_facts
+from llmbook.training.pretrained import (
+    add_part_arguments,
+    machine_facts,
+    merge_parts,
+    run_in_parts,
+    write_json,
+)
 
 SEEDS = [0, 1, 2]
 
 
-def _write_json(path: Path, obj: object) -> None:
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)  # atomic: a parallel process never reads half a file
-
-
 def merge(folder: Path) -> dict:
     """Merge ``folder/parts/*seed*.json`` into ``folder/results.json``; returns it."""
-    parts = [json.loads(p.read_text()) for p in (folder / "parts").glob("*seed*.json")]
-    runs: dict[str, list] = {v: [] for v in MOE_SEEDS_VARIANTS}
-    for data in parts:
-        for variant, run in data["runs"].items():
-            runs[variant].append(run)
-    for variant in runs:
-        runs[variant].sort(key=lambda r: r["seed"])
-    info = {"recipe": MOE_VS_DENSE_RECIPE, "variants": MOE_SEEDS_VARIANTS, "seeds": SEEDS,
-            "runs": {v: r for v, r in runs.items() if r},
+    parts, runs = merge_parts(folder, MOE_SEEDS_VARIANTS)
+    info = {"recipe": MOE_VS_DENSE_RECIPE, "variants": MOE_SEEDS_VARIANTS, "seeds": SEEDS, "runs": runs,
             "made": {"command": "python data/make_moe_seeds.py",
-                     "date": datetime.date.today().isoformat(),
-                     "parts": [d["made"] for d in sorted(parts, key=lambda d: d["seed"])]}}
-    _write_json(folder / "results.json", info)
+                     "date": datetime.date.today().isoformat(), "parts": [d["made"] for d in parts]}}
+    write_json(folder / "results.json", info)
     return info
 
 
@@ -70,34 +60,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="*", default=SEEDS)
     parser.add_argument("--variants", nargs="*", default=list(MOE_SEEDS_VARIANTS))
-    parser.add_argument("--tag", default="", help="write parts/<tag>_seed<k>.json (for a second process)")
-    parser.add_argument("--merge-only", action="store_true", help="only merge the parts")
-    parser.add_argument("--drop-parts", action="store_true", help="delete the parts after merging")
-    args = parser.parse_args(argv)
-    folder = data_path("moe_seeds")
-    (folder / "parts").mkdir(parents=True, exist_ok=True)
-    if not args.merge_only:
-        train_ids, val_ids = _book_text_ids(MOE_VS_DENSE_RECIPE)
-        for seed in args.seeds:
-            part = folder / "parts" / (f"{args.tag}_seed{seed}.json" if args.tag else f"seed{seed}.json")
-            data = json.loads(part.read_text()) if part.is_file() else {
-                "seed": seed, "made": {"date": datetime.date.today().isoformat(), **machine_facts()},
-                "runs": {}}
-            for variant in args.variants:
-                if variant in data["runs"]:
-                    continue
-                run = train_variant_seed(MOE_VS_DENSE_RECIPE, variant, MOE_SEEDS_VARIANTS[variant], seed,
-                                         train_ids, val_ids)
-                data["runs"][variant] = run
-                _write_json(part, data)
-                merge(folder)
-                print(f"seed {seed} {variant:10s} val {run['val_loss']:.4f} "
-                      f"imbalance {run['imbalance']} z {run['router_z']} {run['seconds']:.0f} s", flush=True)
-    merge(folder)
-    if args.drop_parts:
-        for part in (folder / "parts").glob("*seed*.json"):
-            part.unlink()
-        (folder / "parts").rmdir()
+    args = add_part_arguments(parser).parse_args(argv)
+    ids = None if args.merge_only else _book_text_ids(MOE_VS_DENSE_RECIPE)  # (train, validation)
+
+    def run(variant: str, seed: int) -> dict:
+        return train_variant_seed(MOE_VS_DENSE_RECIPE, variant, MOE_SEEDS_VARIANTS[variant], seed, *ids)
+
+    def report(seed: int, variant: str, run: dict) -> None:
+        print(f"seed {seed} {variant:10s} val {run['val_loss']:.4f} "
+              f"imbalance {run['imbalance']} z {run['router_z']} {run['seconds']:.0f} s", flush=True)
+
+    run_in_parts(data_path("moe_seeds"), [] if args.merge_only else args.seeds, args.variants, run,
+                 new_part=lambda seed: {"seed": seed, "made": {"date": datetime.date.today().isoformat(),
+                                                               **machine_facts()}, "runs": {}},
+                 merge=merge, tag=args.tag, drop_parts=args.drop_parts, report=report)
     return 0
 
 

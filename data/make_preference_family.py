@@ -26,41 +26,28 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import os
 import sys
 from pathlib import Path
 
 from llmbook.alignment.preference_training import FAMILY_RECIPE, family_setup, train_member
 from llmbook.paths import data_path
-from llmbook.training.pretrained import machine_facts
-
-
-def _write_json(path: Path, obj: object) -> None:
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)  # atomic: a parallel process never reads half a file
+from llmbook.training.pretrained import (
+    add_part_arguments,
+    machine_facts,
+    merge_parts,
+    run_in_parts,
+    write_json,
+)
 
 
 def merge(folder: Path) -> dict:
-    """Merge ``folder/parts/seed*.json`` into ``folder/results.json``; returns it."""
-    parts = [json.loads(p.read_text()) for p in (folder / "parts").glob("*seed*.json")]
-    runs: dict[str, list] = {m: [] for m in FAMILY_RECIPE["methods"]}
-    base, reference_seconds, made = None, [], []
-    for data in sorted(parts, key=lambda d: d["seed"]):
-        base = data["base"]
-        reference_seconds.append(data["reference_seconds"])
-        made.append(data["made"])
-        for method in runs:
-            if method in data["runs"]:
-                runs[method].append(data["runs"][method])
-    for method in runs:
-        runs[method].sort(key=lambda r: r["seed"])
-    info = {"recipe": FAMILY_RECIPE, "base": base, "reference_seconds": reference_seconds,
-            "runs": {m: r for m, r in runs.items() if r},
+    """Merge ``folder/parts/*seed*.json`` into ``folder/results.json``; returns it."""
+    parts, runs = merge_parts(folder, FAMILY_RECIPE["methods"])
+    info = {"recipe": FAMILY_RECIPE, "base": parts[-1]["base"] if parts else None,
+            "reference_seconds": [d["reference_seconds"] for d in parts], "runs": runs,
             "made": {"command": "python data/make_preference_family.py",
-                     "date": datetime.date.today().isoformat(), "parts": made}}
-    _write_json(folder / "results.json", info)
+                     "date": datetime.date.today().isoformat(), "parts": [d["made"] for d in parts]}}
+    write_json(folder / "results.json", info)
     return info
 
 
@@ -68,34 +55,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="*", default=FAMILY_RECIPE["seeds"])
     parser.add_argument("--methods", nargs="*", default=FAMILY_RECIPE["methods"])
-    parser.add_argument("--tag", default="", help="write parts/<tag>_seed<k>.json (for a second process)")
-    parser.add_argument("--merge-only", action="store_true", help="only merge the parts")
-    parser.add_argument("--drop-parts", action="store_true", help="delete the parts after merging")
-    args = parser.parse_args(argv)
-    folder = data_path("preference_family")
-    (folder / "parts").mkdir(parents=True, exist_ok=True)
-    if not args.merge_only:
-        setup = family_setup(FAMILY_RECIPE)
-        for seed in args.seeds:
-            part = folder / "parts" / (f"{args.tag}_seed{seed}.json" if args.tag else f"seed{seed}.json")
-            data = json.loads(part.read_text()) if part.is_file() else {
-                "seed": seed, "base": setup.base, "reference_seconds": setup.reference_seconds,
+    args = add_part_arguments(parser).parse_args(argv)
+    setup = None if args.merge_only else family_setup(FAMILY_RECIPE)
+
+    def new_part(seed: int) -> dict:
+        return {"seed": seed, "base": setup.base, "reference_seconds": setup.reference_seconds,
                 "made": {"date": datetime.date.today().isoformat(), **machine_facts()}, "runs": {}}
-            for method in args.methods:
-                if method in data["runs"]:
-                    continue
-                run = train_member(method, FAMILY_RECIPE, seed, setup)
-                data["runs"][method] = run
-                _write_json(part, data)
-                merge(folder)
-                print(f"seed {seed} {method:6s} reward {run['final']['reward']:.3f} KL {run['final']['kl']:.3f} "
-                      f"steps {run['compute']['step_seconds']:.0f} s, eval {run['compute']['eval_seconds']:.0f} s",
-                      flush=True)
-    merge(folder)
-    if args.drop_parts:
-        for part in (folder / "parts").glob("*seed*.json"):
-            part.unlink()
-        (folder / "parts").rmdir()
+
+    def report(seed: int, method: str, run: dict) -> None:
+        print(f"seed {seed} {method:6s} reward {run['final']['reward']:.3f} KL {run['final']['kl']:.3f} "
+              f"steps {run['compute']['step_seconds']:.0f} s, eval {run['compute']['eval_seconds']:.0f} s",
+              flush=True)
+
+    run_in_parts(data_path("preference_family"), [] if args.merge_only else args.seeds, args.methods,
+                 lambda method, seed: train_member(method, FAMILY_RECIPE, seed, setup), new_part=new_part,
+                 merge=merge, tag=args.tag, drop_parts=args.drop_parts, report=report)
     return 0
 
 

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from llmbook.training.pretrained import machine_facts
+from llmbook.training.pretrained import machine_facts, write_sweep
 from llmbook.training.scaling import SIZE_SWEEP_RESULTS, size_sweep
 
 
@@ -43,10 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     result["made_by"] = "data/make_scaling_sweep.py"
     result["made"] = machine_facts()
     result["date"] = datetime.date.today().isoformat()
-    result["seconds"] = round(time.perf_counter() - began, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {len(result['runs'])} runs to {args.out} in {result['seconds']:.0f} s")
+    write_sweep(args.out, result, began)
     return 0
 
 

@@ -1210,16 +1210,17 @@ print(f"N = {N_real:,} parameters; at T = 1024 a token costs {flops_per_token(rc
 # %% [markdown]
 # **One forward pass.** The tokenizer (chapter 1 builds it from the same file) renders a
 # chat in the model's template and turns it into ids; the model gives the next-token
-# distribution. This pass runs in float64 (`load_model(dtype=torch.float64)`; the decoded
-# weights are exact in either precision): float32 results differ in their last bits from
-# one CPU to another, and a probability printed to three decimals could then print
-# differently, while float64 round-off is far below anything printed here. The greedy
-# answer's margins (the gap between the two largest logits at each step) are asserted too:
+# distribution. This pass runs in float64 (the loaded model converted in place with
+# `.double()`; the decoded weights are exact in either precision): float32 results differ
+# in their last bits from one CPU to another, and a probability printed to three decimals
+# could then print differently, while float64 round-off is far below anything printed
+# here. The greedy answer's margins (the gap between the two largest logits at each step)
+# are asserted too:
 
 # %%
 chat = [{"role": "user", "content": "What is the capital of France?"}]
 chat_ids = torch.tensor([real_tokenizer.encode_chat(chat)])  # (1, T)
-real64, _ = load_model(smollm2_path(), dtype=torch.float64)
+real64 = real.double()  # the same module, now float64 (the float32 model is not used again)
 with torch.no_grad():
     next_probs = torch.softmax(real64(chat_ids)[0, -1], dim=-1)  # (V,)
 top = torch.topk(next_probs, 5)
@@ -1252,7 +1253,7 @@ print(f"smallest top-1/top-2 logit gap over the 8 steps: {gaps.min():.2f}")
 # %%
 from llmbook.inference.gguf import transformers_peer  # noqa: E402
 
-hf_real, _ = transformers_peer(smollm2_path(), dtype=torch.float64)
+hf_real, _ = transformers_peer(smollm2_path(), dtype=torch.float64, tokenizer=False)
 multi_turn = [{"role": "system", "content": "You answer in one sentence."}, *chat,
               {"role": "assistant", "content": "The capital of France is Paris."},
               {"role": "user", "content": "And of Italy?"}]

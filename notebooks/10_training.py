@@ -452,24 +452,26 @@ print(f"final: {text_info['val_loss']:.3f} nats/token = {text_info['val_bits_per
 train_bytes = len(load_stdlib_docs().encode("utf-8")) - text_info["val_bytes"]
 print(f"bytes of text per token: {train_bytes / text_info['num_train_tokens']:.2f} (training), "
       f"{text_info['val_bytes'] / text_info['num_val_tokens']:.2f} (validation)")
+
+# %%
 text_recipe = text_info["recipe"]["train"]
-epochs = text_recipe["steps"] * text_recipe["batch_size"] * text_recipe["context_length"] / text_info["num_train_tokens"]
+recipe_tokens = text_recipe["steps"] * text_recipe["batch_size"] * text_recipe["context_length"]
 last_train = np.array(th["train_loss"][-100:])  # one fresh training batch per step
-print(f"{text_recipe['steps']} steps x {text_recipe['batch_size']} x {text_recipe['context_length']} tokens "
-      f"= {epochs:.1f} passes over the {text_info['num_train_tokens']:,} training tokens")
+gap = th["val_loss"][-1] - last_train.mean()
 train_fall = np.mean(th["train_loss"][-300:-200]) - last_train.mean()  # steps 700-799 against 900-999
 val_fall = th["val_loss"][-3] - th["val_loss"][-1]  # step 800 against step 1000
+checks = Checks("the text model: epochs and the train-validation gap")
+checks.equal("tokens the loop counted = steps x B x T from the recipe", th["tokens_seen"], recipe_tokens)
+checks.true("validation minus training loss > 10 x the spread of one batch's loss",
+            gap > 10 * last_train.std(), got=f"{gap:.2f} vs {last_train.std():.2f}")
+print(f"{text_recipe['steps']} steps x {text_recipe['batch_size']} x {text_recipe['context_length']} tokens "
+      f"= {recipe_tokens / text_info['num_train_tokens']:.1f} passes over the {text_info['num_train_tokens']:,} "
+      f"training tokens")
 print(f"last 100 steps: training loss {last_train.mean():.2f} +- {last_train.std():.2f} (one batch); "
-      f"validation at step 1000: {th['val_loss'][-1]:.2f}; gap {th['val_loss'][-1] - last_train.mean():.2f} nats")
+      f"validation at step 1000: {th['val_loss'][-1]:.2f}; gap {gap:.2f} nats")
 print(f"over the last 200 steps: training loss -{train_fall:.3f}, validation loss -{val_fall:.3f} "
       f"(ratio {train_fall / val_fall:.1f})")
-checks = Checks("the text model: epochs and the train-validation gap")
-checks.equal("tokens the loop counted = steps x B x T from the recipe", th["tokens_seen"],
-             text_recipe["steps"] * text_recipe["batch_size"] * text_recipe["context_length"])
-checks.true("validation minus training loss > 10 x the spread of one batch's loss",
-            th["val_loss"][-1] - last_train.mean() > 10 * last_train.std(),
-            got=f"{th['val_loss'][-1] - last_train.mean():.2f} vs {last_train.std():.2f}")
-checks
+checks  # the table comes after the lines printed above
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 3.8))

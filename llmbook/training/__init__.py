@@ -8,12 +8,14 @@ Chapter → module → what it defines:
   ``numeric_gradient`` (central differences, no autograd) and ``gradcheck``.
 * 9 Optimisers → :mod:`~llmbook.training.optim`: ``SGD``, ``Adam``, ``AdamW``,
   ``cosine_schedule``, ``wsd_schedule``, ``clip_grad_norm_``;
-  :mod:`~llmbook.training.optimisers_modern`: ``Muon`` (``newton_schulz``), ``Adafactor``, ``Lion``.
+  :mod:`~llmbook.training.optimisers_modern`: ``Muon`` (``newton_schulz``), ``Adafactor``, ``Lion``,
+  and the harnesses ``race_with_peer`` and ``least_squares_run`` that compare optimisers.
 * 10 Training a small language model → :mod:`~llmbook.training.train`: ``get_batch``,
   ``TrainConfig``, ``train_step``, ``evaluate``, ``train``;
   :mod:`~llmbook.training.checkpoint`: atomic saves and safe loads;
   :mod:`~llmbook.training.pretrained`: the book's shipped models (``book_model``,
-  ``RECIPES``);
+  ``RECIPES``) and the plumbing of the ``data/make_*.py`` scripts (``write_json``,
+  ``write_sweep``, ``run_in_parts``);
   :mod:`~llmbook.training.memory`: float formats, master weights, loss scaling, the bytes
   of a training step and of its saved activations (``float_format_symbolic``,
   ``MasterWeightOptimizer``, ``DynamicLossScaler``, ``training_state_bytes``,

@@ -30,6 +30,13 @@ Training from the recipe stays one command away: ``make models`` (which runs
 ``python -m llmbook.training.pretrained``) retrains both and rewrites the files, and
 ``book_model(kind, retrain=True)`` trains one in memory. Sampling text from them is
 chapter 12's subject (:mod:`llmbook.inference.sampling`).
+
+The scripts ``data/make_*.py`` that ship other trained results share the plumbing at the
+end of this module: :func:`machine_facts` (where a file was made), :func:`write_json` (the
+book's JSON layout, written atomically), :func:`write_sweep` (a finished sweep with its
+seconds) and :func:`run_in_parts` with :func:`merge_parts` (long runs kept one file per
+seed, so that an interrupted run resumes where it stopped and several processes can share
+the work).
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +63,8 @@ from llmbook.text.data import default_source
 from llmbook.training.train import TrainConfig, evaluate, train
 from llmbook.transformer.model import TransformerConfig, TransformerLM
 
-__all__ = ["RECIPES", "book_model", "machine_facts", "models_dir", "recipe_hash", "write_book_model"]
+__all__ = ["RECIPES", "add_part_arguments", "book_model", "machine_facts", "merge_parts", "models_dir",
+           "part_path", "recipe_hash", "run_in_parts", "write_book_model", "write_json", "write_sweep"]
 
 #: Bumped when the training code changes in a way the recipe dicts do not show.
 RECIPE_VERSION = 2
@@ -256,6 +265,118 @@ def book_model(kind: str = "synthetic", retrain: bool = False) -> tuple[Transfor
     if kind == "text":
         info["tokenizer"] = _load_tokenizer(folder)
     return model.eval(), info
+
+
+# ---------------------------------------------------------------- shipping results (data/make_*.py)
+
+
+def write_json(path: str | os.PathLike, obj: object) -> Path:
+    """Write ``obj`` to ``path`` as the book's data files hold JSON: ``indent=1`` and a final newline.
+
+    The folder is made if missing, and the file is replaced atomically (written beside it
+    under a temporary name, then renamed), so a process reading it meanwhile never sees half
+    a file. Returns the path. An object JSON cannot hold is a ``TypeError`` and leaves no file.
+    """
+    path = Path(path)
+    text = json.dumps(obj, indent=1) + "\n"  # before touching the disk: a TypeError writes nothing
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def write_sweep(path: str | os.PathLike, result: dict[str, Any], began: float) -> Path:
+    """Write a finished sweep: ``result["seconds"]`` = time since ``began`` (a
+    ``time.perf_counter()`` reading, rounded to 0.1 s), :func:`write_json`, and a line
+    saying how many ``result["runs"]`` went where.
+    """
+    if not isinstance(result, dict) or not isinstance(result.get("runs"), list):
+        raise ValueError("result must be a dict with a list of 'runs'")
+    result["seconds"] = round(time.perf_counter() - began, 1)
+    path = write_json(path, result)
+    print(f"wrote {len(result['runs'])} runs to {path} in {result['seconds']:.0f} s")
+    return path
+
+
+def part_path(folder: str | os.PathLike, seed: int, tag: str = "") -> Path:
+    """``folder/parts/[<tag>_]seed<seed>.json``: the part file of one seed (see :func:`run_in_parts`)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    if not isinstance(tag, str) or any(c in tag for c in "/\\*?") or "seed" in tag:
+        raise ValueError(f"tag must be a plain name without '/', wildcards or 'seed', got {tag!r}")
+    return Path(folder) / "parts" / (f"{tag}_seed{seed}.json" if tag else f"seed{seed}.json")
+
+
+def merge_parts(folder: str | os.PathLike, names: Iterable[str]) -> tuple[list[dict], dict[str, list]]:
+    """Read the part files ``folder/parts/*seed*.json`` of :func:`run_in_parts`.
+
+    Returns ``(parts, runs)``: the parts ordered by seed (then by file name, so two
+    processes' parts of one seed come in a fixed order), and for each of ``names`` that has
+    any, its runs ordered by seed. A run under a name not in ``names`` is a ``ValueError``.
+    """
+    names, parts_dir = list(names), Path(folder) / "parts"
+    files = sorted(parts_dir.glob("*seed*.json"))  # by name; none when the folder is missing
+    parts = sorted((json.loads(f.read_text()) for f in files), key=lambda d: d["seed"])
+    runs: dict[str, list] = {name: [] for name in names}
+    for data in parts:
+        for name, run in data["runs"].items():
+            if name not in runs:
+                raise ValueError(f"{parts_dir}: seed {data['seed']} has a run {name!r}, "
+                                 f"not one of {names}")
+            runs[name].append(run)
+    for name in runs:
+        runs[name].sort(key=lambda r: r["seed"])
+    return parts, {name: r for name, r in runs.items() if r}
+
+
+def add_part_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the options of a script that uses :func:`run_in_parts`: ``--tag``, ``--merge-only``
+    and ``--drop-parts`` (``--seeds`` and what to run are the script's own)."""
+    parser.add_argument("--tag", default="", help="write parts/<tag>_seed<k>.json (for a second process)")
+    parser.add_argument("--merge-only", action="store_true", help="only merge the parts")
+    parser.add_argument("--drop-parts", action="store_true", help="delete the parts after merging")
+    return parser
+
+
+def run_in_parts(folder: str | os.PathLike, seeds: Iterable[int], names: Iterable[str],
+                 run: Callable[[str, int], dict[str, Any]], new_part: Callable[[int], dict[str, Any]],
+                 merge: Callable[[Path], object], tag: str = "", drop_parts: bool = False,
+                 report: Callable[[int, str, dict[str, Any]], None] | None = None) -> None:
+    """Run ``run(name, seed)`` for every seed and name, keeping one part file per seed.
+
+    The part of ``seed`` (:func:`part_path`) is the dict ``new_part(seed)`` (which must
+    hold ``"seed"`` and an empty ``"runs"``), or the one already on disk: a name already in
+    its ``"runs"`` is skipped, so a rerun resumes where an interrupted one stopped, and two
+    processes with different ``tag`` can share the work. After each run the part is
+    rewritten (:func:`write_json`), ``merge(folder)`` rebuilds the merged file and
+    ``report(seed, name, result)`` is called; ``merge`` runs once more at the end (with no
+    seeds, only that), and ``drop_parts`` then deletes the part files and their folder.
+    """
+    folder = Path(folder)
+    seeds, names = list(seeds), list(names)
+    if len(set(seeds)) != len(seeds) or len(set(names)) != len(names):
+        raise ValueError(f"seeds and names must not repeat, got {seeds} and {names}")
+    (folder / "parts").mkdir(parents=True, exist_ok=True)
+    for seed in seeds:
+        part = part_path(folder, seed, tag)
+        data = json.loads(part.read_text()) if part.is_file() else new_part(seed)
+        if data.get("seed") != seed or not isinstance(data.get("runs"), dict):
+            raise ValueError(f"{part}: a part must hold 'seed': {seed} and a dict of 'runs'")
+        for name in names:
+            if name in data["runs"]:
+                continue
+            result = run(name, seed)
+            data["runs"][name] = result
+            write_json(part, data)
+            merge(folder)
+            if report is not None:
+                report(seed, name, result)
+    merge(folder)
+    if drop_parts:
+        for part in (folder / "parts").glob("*seed*.json"):
+            part.unlink()
+        (folder / "parts").rmdir()
 
 
 def main(argv: list[str] | None = None) -> int:
