@@ -21,6 +21,7 @@ import inspect
 import math
 import os
 import random
+import sys
 import textwrap
 import time
 from collections.abc import Callable
@@ -408,8 +409,10 @@ def best_time(fn: Callable[[], R], repeats: int = 3) -> tuple[float, R]:
 def seed_everything(seed: int = 0) -> Any:
     """Seed Python, NumPy and PyTorch; return a seeded ``torch.Generator``.
 
-    Also asks PyTorch for deterministic algorithms where it has them, so that a
-    notebook re-executed on the same machine prints the same numbers.
+    Also asks PyTorch for deterministic algorithms where it has them (as
+    ``torch.use_deterministic_algorithms(True, warn_only=True)`` does, without importing
+    the compiler when a chapter has not), so that a notebook re-executed on the same machine
+    prints the same numbers.
 
     String hashing (the order in which a ``set`` of strings iterates) is fixed when an
     interpreter starts, from the environment variable ``PYTHONHASHSEED``; setting it here
@@ -426,7 +429,13 @@ def seed_everything(seed: int = 0) -> Any:
     np.random.seed(seed)
     torch.manual_seed(seed)
     os.environ["PYTHONHASHSEED"] = str(seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    # torch.use_deterministic_algorithms(True, warn_only=True) sets this flag and the
+    # compiler's: importing the compiler to set it costs every chapter a second or two, and
+    # most never compile, so the compiler's flag is set only where it is already loaded
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
+    compiler = sys.modules.get("torch._inductor.config")
+    if compiler is not None:
+        compiler.deterministic = True
     return torch.Generator().manual_seed(seed)
 
 

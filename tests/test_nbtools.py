@@ -122,6 +122,22 @@ def test_seed_everything_repeats_all_generators():
     assert draw() == draw()
 
 
+def test_seed_everything_sets_what_use_deterministic_algorithms_sets():
+    """The same flags as torch.use_deterministic_algorithms(True, warn_only=True), in a fresh
+    process: without the compiler loaded it is not imported; with it loaded its flag is set."""
+    code = ("import sys, torch\n"
+            "from llmbook.nbtools import seed_everything\n"
+            "seed_everything(0)\n"
+            "print(torch.are_deterministic_algorithms_enabled(), "
+            "torch.is_deterministic_algorithms_warn_only_enabled(), 'torch._inductor' in sys.modules)\n"
+            "import torch._inductor.config as c\n"
+            "c.deterministic = False\n"
+            "seed_everything(0)\n"
+            "print(c.deterministic)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True", "False", "True"]
+
+
 def _child_hash(env: dict[str, str]) -> int:
     out = subprocess.run(
         [sys.executable, "-c", "print(hash('llmbook'))"], env=env, capture_output=True, text=True, check=True
