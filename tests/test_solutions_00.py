@@ -1,28 +1,27 @@
-"""The preface's exercise solutions hold."""
+"""The exercise solutions of notebooks/00_preface hold.
 
+The checks live in the package (``llmbook/workbench/checks/ch00.py``), where ``llmbook
+grade 00`` runs them on a reader's answers; here they run on the reference solutions.
+"""
 
-import math
+from __future__ import annotations
 
+import pytest
 from solution_loader import load_solutions
 
-solutions = load_solutions("00_preface")
+from llmbook.workbench.checks import checks_for
+
+STEM = "00_preface"
+solutions = load_solutions(STEM)
+CHECKS = [c for checks in checks_for(STEM).values() for c in checks]
 
 
-def test_exercise_1_tanh_derivative():
-    assert solutions.exercise_1() < 1e-15
+@pytest.mark.parametrize("check", CHECKS, ids=[c.name for c in CHECKS])
+def test_the_reference_solutions_pass(check) -> None:
+    check.run(solutions)
 
 
-def test_exercise_2_tanh_from_sigmoid():
-    assert solutions.exercise_2() is True
+def test_every_exercise_has_a_check() -> None:
+    from llmbook.workbench.catalogue import catalogue
 
-
-def test_exercise_3_softplus_against_the_literal_formula():
-    got = solutions.exercise_3()
-    bound = 2.0**-53 * math.exp(20)
-    assert got["bound_2^-53_e^20"] == bound
-    # the literal log(1 + e^x) loses digits where e^x is small: the error is far above
-    # float64 round-off, within the bound 2^-53 e^{-x}, and worst at the left end
-    assert 1e-8 < got["max_rel_error_literal"] <= bound
-    assert got["x_of_max_error"] <= -19
-    # log1p keeps them: a few ulps
-    assert got["max_rel_error_log1p"] < 1e-15
+    assert sorted({c.exercise for c in CHECKS}) == [e.number for e in catalogue()[STEM]]

@@ -370,3 +370,17 @@ def test_raises_is_pytest_raises_in_plain_words() -> None:
             raise KeyError("k")
     except KeyError:
         pass
+
+
+def test_any_sympy_matrix_answers_a_matrix_annotation() -> None:
+    """``sp.simplify`` turns a Matrix into an ImmutableDenseMatrix: a reference annotated
+    ``-> sp.Matrix`` accepts it (chapter 2's exercise 4), and still refuses a list."""
+    import sympy as sp
+
+    from llmbook.workbench.runner import _type_of
+
+    want = _type_of(sp.Matrix)
+    assert isinstance(sp.simplify(sp.Matrix([[1, 2]])), want)
+    assert isinstance(sp.ImmutableMatrix([[1]]), want)
+    assert not isinstance([[1, 2]], want)
+    assert _type_of(sp.Expr) is sp.Basic and _type_of(float) is not None

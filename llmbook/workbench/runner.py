@@ -85,7 +85,15 @@ def _type_of(annotation: object) -> type | tuple[type, ...] | None:
     if annotation is type(None) or annotation is None:
         return type(None)
     target = origin or annotation
-    return target if isinstance(target, type) else None
+    if not isinstance(target, type):
+        return None
+    if target.__module__.startswith("sympy."):  # sp.Matrix is mutable; simplify() returns an
+        import sympy  # ImmutableDenseMatrix: any SymPy matrix (or expression) answers alike
+
+        for base in (sympy.MatrixBase, sympy.Basic):
+            if issubclass(target, base):
+                return base
+    return target
 
 
 def _describe(value: object) -> str:
@@ -127,14 +135,17 @@ class _Answers:
 
     def __init__(self, found: Mapping[str, object], reference: ModuleType) -> None:
         self._found, self._reference = found, reference
+        self._wrapped: dict[str, object] = {}  # a check may look an answer up a million times
 
     def __getattr__(self, name: str) -> object:
-        if name not in self._found:
+        if name.startswith("_") or name not in self._found:
             raise AttributeError(name)
-        value, ref = self._found[name], getattr(self._reference, name, None)
-        if inspect.isfunction(value) and inspect.isfunction(ref):
-            return _checked(name, value, ref)
-        return value
+        if name not in self._wrapped:
+            value, ref = self._found[name], getattr(self._reference, name, None)
+            if inspect.isfunction(value) and inspect.isfunction(ref):
+                value = _checked(name, value, ref)
+            self._wrapped[name] = value
+        return self._wrapped[name]
 
 
 def _parameters(fn: Callable) -> list[tuple[str, str, str]]:
