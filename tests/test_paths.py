@@ -116,6 +116,7 @@ def test_a_non_editable_install_works_from_another_directory(tmp_path):
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "_data")
     shutil.copytree(ROOT / "llmbook", src / "llmbook", ignore=ignore)
     shutil.copytree(ROOT / "data", src / "data", ignore=ignore)
+    shutil.copytree(ROOT / "notebooks" / "solutions", src / "notebooks" / "solutions", ignore=ignore)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
     subprocess.run(pip + ["wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
                           str(tmp_path / "dist"), str(src)], check=True, cwd=tmp_path)
@@ -150,3 +151,23 @@ def test_a_non_editable_install_works_from_another_directory(tmp_path):
     assert got["isoflop"] and got["sweep"] and got["prose"]
     assert got["figures"] == str(elsewhere / "figures")
     assert Path(llmbook.__file__).is_relative_to(ROOT)  # this process still uses the checkout
+    # the reader's workbench works from the wheel alone (issue 28): the reference solutions,
+    # the checks and the list of exercises are in it, and grading runs outside the checkout
+    for name in ("llmbook/workbench/_solutions/03_language_modelling.py",
+                 "llmbook/workbench/checks/ch03.py", "llmbook/workbench/exercises.json"):
+        assert name in names, name
+    work = elsewhere / "work"
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "llmbook.cli", *args, "--dir", str(work)], cwd=elsewhere,
+                              env=env, capture_output=True, text=True, timeout=300)
+
+    wrote = cli("exercises", "03")
+    assert wrote.returncode == 0 and (work / "03_language_modelling.py").exists(), wrote.stderr
+    stub_grade = cli("grade", "03")
+    assert stub_grade.returncode == 1 and stub_grade.stdout.count("not attempted") == 4, stub_grade.stdout
+    shutil.copyfile(site / "llmbook" / "workbench" / "_solutions" / "03_language_modelling.py",
+                    work / "03_language_modelling.py")
+    reference_grade = cli("grade", "03")
+    assert reference_grade.returncode == 0 and "4 of 4 exercises passed" in reference_grade.stdout, \
+        reference_grade.stdout + reference_grade.stderr
