@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 import time
 
@@ -28,7 +27,7 @@ import torch
 from llmbook.inference.gguf import load_model
 from llmbook.inference.sampling import generate
 from llmbook.paths import data_path
-from llmbook.training.pretrained import machine_facts
+from llmbook.training.pretrained import machine_facts, write_json
 
 #: What chapter 12 states and checks against the shipped file.
 RECIPE = {
@@ -58,13 +57,11 @@ def main(argv: list[str] | None = None) -> int:
                        generator=torch.Generator().manual_seed(s["seed"]))[:, T0:].tolist()
     seconds["samples"] = round(time.perf_counter() - began, 2)
     print(f"samples: {seconds['samples']} s", flush=True)
-    folder = data_path("real_decoding")
-    folder.mkdir(parents=True, exist_ok=True)
     info = {"recipe": RECIPE, "prompt_ids": prompt_ids[0].tolist(), "runs": runs, "samples": samples,
             "seconds": seconds,
             "made": {"command": "python data/make_real_decoding.py",
                      "date": datetime.date.today().isoformat(), **machine_facts()}}
-    (folder / "runs.json").write_text(json.dumps(info, indent=1) + "\n")
+    write_json(data_path("real_decoding", "runs.json"), info)
     return 0
 
 
