@@ -14,8 +14,13 @@
 #    `transformers`). Every chapter prints a table of these checks with the measured error.
 # 4. **Explore.** A figure or experiment shows what the formula does.
 #
-# Each chapter ends with exercises; reference solutions live in `notebooks/solutions/` and
-# are checked by the test suite.
+# Each chapter ends with exercises, graded by the book itself. `llmbook exercises 03` writes
+# chapter 3's stub into `llmbook-work/` (the functions to write, with their signatures and
+# hints), and `llmbook grade 03` runs the chapter's checks on your file: one row per
+# exercise, *passed*, *failed* with what was expected and what came back, or *not
+# attempted*. They are the same checks the test suite runs on the reference solutions in
+# `notebooks/solutions/`, so look there after your own attempt, not before. The README's
+# "Doing the exercises" says more.
 #
 # ## How to run the book
 #
@@ -157,8 +162,9 @@ plt.show()
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/00_preface.py` and are checked by
-# `tests/test_solutions_00.py`.
+# Reference solutions are in `notebooks/solutions/00_preface.py`; `llmbook exercises 00`
+# writes your stub and `llmbook grade 00` grades it with the checks the reference passes
+# (`llmbook/workbench/checks/ch00.py`, run on the reference by `tests/test_solutions_00.py`).
 #
 # 1. (★) **The derivative of tanh.** Derive $\frac{d}{dx}\tanh(x)$ with SymPy and show it
 #    equals $1-\tanh^2(x)$. Then verify it against autograd in float64 on 101 points, as above.
