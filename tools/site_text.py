@@ -459,6 +459,7 @@ def chapter_box(stem: str, repository: str) -> str:
     solutions are rendered as ``solutions/<stem>`` and linked on the ``repository`` too.
     """
     solution = f"{repository}/blob/main/notebooks/solutions/{stem}.py"
+    number = stem.split("_")[0]
     return f"""```{{admonition}} This chapter's notebook, solutions and how to run it
 :class: tip llmbook-chapter-links
 
@@ -473,6 +474,11 @@ and opens the chapters in JupyterLab. Or, with the downloaded notebook alone:
 `pip install llmbook jupyterlab`, then `jupyter lab {stem}.ipynb` (the chapters that
 compare with PyTorch's and Hugging Face's peers need `pip install "llmbook[dev]"`, and
 those that read the book's shipped data or models need the clone).
+
+**Grade your answers to the exercises.** `llmbook exercises {number}` writes a stub of the
+functions to write into `llmbook-work/`; `llmbook grade {number}` runs the checks the
+reference solutions pass on your file, one row per exercise (the README's "Doing the
+exercises").
 ```"""
 
 
