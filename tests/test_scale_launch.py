@@ -81,6 +81,38 @@ def test_a_hanging_rank_hits_the_deadline(monkeypatch: pytest.MonkeyPatch) -> No
     assert time.monotonic() - start < 15
 
 
+def test_an_interruption_while_the_ranks_start_is_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A time limit that fires after rank 0 started and before rank 1 did (a grader's alarm)
+    comes out as itself, not as the error of joining a process that never started, and rank 0
+    is stopped."""
+    real = launch._context()
+    started = []
+
+    class Interrupting:
+        Queue = real.Queue
+
+        def Process(self, *args, **kwargs):  # noqa: N802 - multiprocessing's name
+            return Rank(real.Process(*args, **kwargs))
+
+    class Rank:  # the process, except that the second start is interrupted
+        def __init__(self, proc) -> None:
+            self.proc = proc
+
+        def __getattr__(self, name: str):
+            return getattr(self.proc, name)
+
+        def start(self) -> None:
+            if started:
+                raise TimeoutError("interrupted while the ranks start")
+            started.append(self.proc)
+            self.proc.start()
+
+    monkeypatch.setattr(launch, "_context", lambda: Interrupting())
+    with pytest.raises(TimeoutError, match="interrupted while the ranks start"):
+        run(_identity, 3, timeout=20)
+    assert len(started) == 1 and not started[0].is_alive()
+
+
 def test_a_rank_that_dies_silently_is_reported() -> None:
     with pytest.raises(WorkerError, match="rank 0 died with exit code 3"):
         run(_exit_on_rank_zero, 2, timeout=20)

@@ -191,6 +191,9 @@ def run(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "glo
                     print(f"[rank {rank}]\n{output}", end="" if output.endswith("\n") else "\n")
         return values
     finally:
+        # an interruption while the ranks start (a grader's time limit) leaves some unstarted,
+        # and joining a process that never started raises, hiding the interruption
+        procs = [proc for proc in procs if proc.pid is not None]
         for proc in procs:
             if proc.is_alive():
                 proc.terminate()
