@@ -384,3 +384,6 @@ def test_any_sympy_matrix_answers_a_matrix_annotation() -> None:
     assert isinstance(sp.ImmutableMatrix([[1]]), want)
     assert not isinstance([[1, 2]], want)
     assert _type_of(sp.Expr) is sp.Basic and _type_of(float) is not None
+    import typing
+
+    assert _type_of(typing.Any) is None and _type_of(list[typing.Any]) is list  # chapter 18's answers
