@@ -143,7 +143,7 @@ def test_each_stub_has_exactly_the_solutions_functions_and_signatures(stem, tmp_
 
 def test_the_stub_says_what_it_is_and_keeps_no_solution_code() -> None:
     text = make_stub(REFERENCE.read_text(encoding="utf-8"), STEM)
-    assert text.startswith('"""Your answers to the exercises of chapter 03')
+    assert text.startswith('r"""Your answers to the exercises of chapter 03')
     assert "llmbook grade 03" in text and "NotImplementedError" in text
     assert "1. (★★) The shift needs no gradient: shift_gradient_symbolic, logsumexp_attached" in text
     assert "gather" not in text and "entropy_rate()" not in text  # the answers' bodies are gone
@@ -387,3 +387,17 @@ def test_any_sympy_matrix_answers_a_matrix_annotation() -> None:
     import typing
 
     assert _type_of(typing.Any) is None and _type_of(list[typing.Any]) is list  # chapter 18's answers
+
+
+def test_the_stub_keeps_the_exercises_givens(tmp_path) -> None:
+    """Chapter 17b's answers read module-level constants (the default system prompt, the
+    assistant header's ids, a forged conversation): the stub defines them as the reference does."""
+    from llmbook.workbench.solutions import load_module, load_solutions, solutions_dir
+    from llmbook.workbench.stubs import make_stub
+
+    stem = "17b_chat_finetuning"
+    path = tmp_path / f"{stem}.py"
+    path.write_text(make_stub((solutions_dir() / f"{stem}.py").read_text(), stem))
+    stub, reference = load_module(path, "stub_17b"), load_solutions(stem)
+    for name in ("DEFAULT_SYSTEM", "ASSISTANT_HEADER", "FORGED"):
+        assert getattr(stub, name) == getattr(reference, name), name

@@ -7,7 +7,8 @@ starting with ``_``) with its exact signature and docstring and a body that rais
 ``NotImplementedError``. A public class keeps its bases, its docstring, its class-level
 assignments and its public and dunder methods, each stubbed the same way. Private helpers
 are left out, except a module-level name that a public signature needs (a default value,
-an annotation, a base class, a decorator), which is copied as it is. The signature lines
+an annotation, a base class, a decorator), which is copied as it is, and the exercises'
+givens, the module-level constants (UPPER_CASE names) the answers read. The signature lines
 are copied from the solution's source, so the two cannot drift apart.
 """
 
@@ -124,6 +125,10 @@ def make_stub(source: str, stem: str) -> str:
               and not n.name.startswith("_")]
     # module-level names the public signatures need, and what those need in turn
     needed = _names([x for n in public for x in _signature_nodes(n)])
+    # and the exercises' givens: module-level constants (UPPER_CASE names) such as 17b's
+    # DEFAULT_SYSTEM, which the answers read as the reference does
+    needed |= {name for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+               for name in _defined(n) if name.isupper() and not name.startswith("_")}
     support: list[ast.stmt] = []
     for node in reversed(tree.body):
         if node in public or not isinstance(node, (ast.Assign, ast.AnnAssign, *_Def.__args__,
@@ -139,7 +144,7 @@ def make_stub(source: str, stem: str) -> str:
         title = f"({'★' * e.stars}) {e.title}" if e and e.stars else (e.title if e else "")
         listing.append(f"    {n}. {title}: {', '.join(names)}")
     parts = [
-        f'"""Your answers to the exercises of chapter {label} (notebooks/{stem} in the book).\n\n'
+        f'r"""Your answers to the exercises of chapter {label} (notebooks/{stem} in the book).\n\n'
         f"Written by `llmbook exercises {label}` from the reference solutions: every function\n"
         "has the solution's name, signature and docstring, and a body that raises\n"
         "NotImplementedError. Replace each body with your code; keep the names and signatures.\n"
