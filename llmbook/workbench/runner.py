@@ -347,5 +347,10 @@ def _child(spec: dict) -> int:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+        print("usage: python -m llmbook.workbench.runner JOB\n\n"
+              "The grader's child process (llmbook grade starts it): JOB is a JSON object naming\n"
+              "the chapter, the reader's file and the time limit. Run `llmbook grade --help`.")
+        raise SystemExit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)
     sys.dont_write_bytecode = True
     raise SystemExit(_child(json.loads(sys.argv[1])))
