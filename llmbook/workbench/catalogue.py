@@ -35,6 +35,17 @@ class Exercise:
     stars: int | None
     title: str
 
+    @property
+    def plain_title(self) -> str:
+        """The title for a terminal: inline TeX without its dollars and backslashes
+        (``The spread of $\\cos^2$`` -> ``The spread of cos^2``), markdown's ``**`` and backticks dropped."""
+        def plain(m: re.Match[str]) -> str:
+            tex = re.sub(r"\\(?:mathrm|text|operatorname|mathbf|mathcal)\{([^}]*)\}", r"\1", m.group(1))
+            return re.sub(r"\\([A-Za-z]+)", r"\1", tex).replace("{", "").replace("}", "")
+
+        text = re.sub(r"\$([^$]*)\$", plain, self.title)
+        return text.replace("**", "").replace("`", "").replace("\\", "")
+
 
 def parse_exercises(notebook_source: str) -> list[Exercise]:
     """The exercises listed in a py:percent chapter's ``## Exercises`` cell, in order.

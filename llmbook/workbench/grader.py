@@ -174,7 +174,7 @@ def grade(chapter: str | int, answers: str | Path | ModuleType | Mapping[str, ob
     rows = []
     for n in numbers:
         r, e = results[n], info.get(n)
-        rows.append(Row(stem, n, e.stars if e else None, e.title if e else "", r.status,
+        rows.append(Row(stem, n, e.stars if e else None, e.plain_title if e else "", r.status,
                         r.detail, r.seconds))
     return rows
 
@@ -216,7 +216,7 @@ def print_list(directory: Path = DEFAULT_DIR) -> int:
               + (f"your file {path}" if status else f"no file yet (llmbook exercises "
                                                       f"{stem.split('_')[0]} writes it)"))
         for e in everything.get(stem, []):
-            print(f"  {e.number:>2}  {'★' * (e.stars or 0):<3}  {e.title:<40}  "
+            print(f"  {e.number:>2}  {'★' * (e.stars or 0):<3}  {e.plain_title:<40}  "
                   f"{status.get(e.number, 'not started')}")
     rest = [s for s in everything if s not in graded and everything[s]]
     if rest:

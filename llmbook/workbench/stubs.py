@@ -141,7 +141,7 @@ def make_stub(source: str, stem: str) -> str:
     listing = []
     for n, names in uses.items():
         e = exercises.get(n)
-        title = f"({'★' * e.stars}) {e.title}" if e and e.stars else (e.title if e else "")
+        title = f"({'★' * e.stars}) {e.plain_title}" if e and e.stars else (e.plain_title if e else "")
         listing.append(f"    {n}. {title}: {', '.join(names)}")
     parts = [
         f'r"""Your answers to the exercises of chapter {label} (notebooks/{stem} in the book).\n\n'
