@@ -93,7 +93,11 @@ def test_each_check_maps_to_an_exercise_and_names_the_answers_it_calls() -> None
     assert [c.uses for n in (2, 3, 4) for c in checks[n]] == [
         ("label_smoothed_cross_entropy",), ("ngram_limit",), ("cross_entropy_decomposition",)]
     with pytest.raises(ValueError, match="not in the package yet"):
-        checks_for("24_induction_heads")
+        checks_for("99_no_such_chapter")
+    from llmbook.workbench.checks import chapters_with_checks
+    from llmbook.workbench.solutions import chapter_stems
+
+    assert chapters_with_checks(chapter_stems()) == chapter_stems()  # every chapter grades
 
 
 # ------------------------------------------------------------------ stubs
