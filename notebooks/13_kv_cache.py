@@ -382,8 +382,8 @@ plt.show()
 # `LlamaForCausalLM`, given the book's weights by `to_hf_llama` (the inverse of chapter 7's
 # `from_hf`): its attention, RoPE, norms and cache are its own code. Only the weights come
 # from the book, and they are bit for bit the 273 tensors that `transformers`' own GGUF reader
-# makes of the file (`tests/test_hf_export.py` compares them all), built in a second rather
-# than the quarter of a minute that reader takes.
+# makes of the file (`tests/test_hf_export.py` compares them all), without reading and
+# decoding the file a second time.
 
 # %%
 from llmbook.inference.gguf import load_model, smollm2_path  # noqa: E402
