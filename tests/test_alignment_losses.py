@@ -47,7 +47,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from seeded import gen
-from trl_stubs import Accelerator as _Accelerator
 
 from llmbook.alignment.logprobs import reduce_tokens
 from llmbook.alignment.losses import (
@@ -65,6 +64,8 @@ from llmbook.alignment.losses import (
     ppo_policy_loss,
     ppo_value_loss,
 )
+from llmbook.alignment.trl_peer import EvalModel as _EvalModel
+from llmbook.alignment.trl_peer import bare_trainer as _bare
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -88,28 +89,6 @@ def sigmoid(x: float) -> float:
 # ---------------------------------------------------------------- trl stubs
 
 
-class _EvalModel:
-    """Stands for the trainer's model in eval mode (no gradient-accumulation scaling)."""
-
-    training = False
-    is_gradient_checkpointing = False
-
-    def __init__(self, output=None):
-        self.output = output
-
-    def __call__(self, **kwargs):
-        return self.output
-
-
-def _metrics():
-    return {"train": defaultdict(list), "eval": defaultdict(list)}
-
-
-def _bare(cls, **attributes):
-    """An instance of a trl trainer class without running its __init__, with ``attributes`` set."""
-    obj = object.__new__(cls)
-    obj.__dict__.update(accelerator=_Accelerator(), _metrics=_metrics(), **attributes)
-    return obj
 
 
 # ---------------------------------------------------------------- Bradley-Terry (chapter 17)

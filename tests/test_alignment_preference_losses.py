@@ -29,7 +29,6 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from seeded import gen
-from trl_stubs import Accelerator as _Accelerator
 
 from llmbook.alignment.logprobs import sequence_values
 from llmbook.alignment.losses import dpo_loss
@@ -44,6 +43,7 @@ from llmbook.alignment.preference_losses import (
     rloo_loss,
     simpo_loss,
 )
+from llmbook.alignment.trl_peer import Accelerator as _Accelerator
 
 D = torch.float64
 

@@ -19,7 +19,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from seeded import gen
-from trl_stubs import Accelerator as _Accelerator
 
 from llmbook.alignment.losses import group_normalized_rewards, grpo_loss
 from llmbook.alignment.rl_variants import (
@@ -33,6 +32,7 @@ from llmbook.alignment.rl_variants import (
     sequence_log_ratio,
     variant_loss,
 )
+from llmbook.alignment.trl_peer import Accelerator as _Accelerator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

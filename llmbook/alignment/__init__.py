@@ -49,6 +49,8 @@ Chapter → module → what it defines:
   by enumeration) and :mod:`~llmbook.alignment.repeated_sampling` (majority vote, best-of-N).
 * What Part V trains is shipped as files and loaded (:mod:`~llmbook.alignment.shipped`),
   so every reader sees the same results; ``make models`` retrains it.
+* TRL as a peer → :mod:`~llmbook.alignment.trl_peer`: stand-ins that let a TRL trainer's own
+  loss code run on tensors without a trainer (the tests' and the workbench's peer).
 
 Imports Parts I–IV and the shared helpers, never a later part.
 """
