@@ -22,6 +22,8 @@ import llmbook
 from llmbook.paths import DATA_ENV, data_dir, data_path, missing_data, source_checkout
 from llmbook.text.corpus import stdlib_docs_path
 from llmbook.training.pretrained import book_model, models_dir
+from llmbook.workbench.checks import build_exercises
+from llmbook.workbench.solutions import BUILD_PARTS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -171,3 +173,30 @@ def test_a_non_editable_install_works_from_another_directory(tmp_path):
     reference_grade = cli("grade", "03")
     assert reference_grade.returncode == 0 and "4 of 4 exercises passed" in reference_grade.stdout, \
         reference_grade.stdout + reference_grade.stderr
+    answers = work / "03_language_modelling.py"
+    answers.write_text(answers.read_text(encoding="utf-8").replace(
+        "return ((1.0 - epsilon) * nll + epsilon * uniform).mean()", "return nll.mean()"), encoding="utf-8")
+    broken_grade = cli("grade", "03")
+    assert broken_grade.returncode == 1 and "3 of 4 exercises passed" in broken_grade.stdout
+    assert "Label smoothing" in next(line for line in broken_grade.stdout.splitlines() if "FAILED" in line)
+    # the build-it-yourself track too: its references are in the package
+    for stem in BUILD_PARTS:
+        assert f"llmbook/workbench/units/{stem}.py" in names and \
+            f"llmbook/workbench/checks/{stem.split('_')[0]}.py" in names, stem
+    wrote = cli("exercises", "build-II")
+    assert wrote.returncode == 0 and (work / "build2_transformer.py").exists(), wrote.stderr
+    stub_grade = cli("grade", "build-II")
+    assert stub_grade.returncode == 1 and "not attempted" in stub_grade.stdout and \
+        "passed" not in stub_grade.stdout.replace("exercises passed", ""), stub_grade.stdout
+    shutil.copyfile(site / "llmbook" / "workbench" / "units" / "build2_transformer.py",
+                    work / "build2_transformer.py")
+    reference_grade = cli("grade", "build-II")
+    n = len(build_exercises("build2_transformer"))
+    assert reference_grade.returncode == 0 and f"{n} of {n} exercises passed" in reference_grade.stdout, \
+        reference_grade.stdout + reference_grade.stderr
+    with open(work / "build2_transformer.py", "a", encoding="utf-8") as f:  # SiLU on the wrong branch
+        f.write("\n\n_book_swiglu = swiglu\n\n\ndef swiglu(x, w_gate, w_up, w_down):\n"
+                "    return _book_swiglu(x, w_up, w_gate, w_down)\n")
+    broken_grade = cli("grade", "build-II")
+    assert broken_grade.returncode == 1 and f"{n - 1} of {n} exercises passed" in broken_grade.stdout
+    assert "SwiGLU" in next(line for line in broken_grade.stdout.splitlines() if "FAILED" in line)

@@ -14,6 +14,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+import sympy as sp
+import torch
 
 from llmbook.cli import main as llmbook
 from llmbook.workbench import grader
@@ -27,11 +29,17 @@ from llmbook.workbench.catalogue import (
 from llmbook.workbench.checks import checks_for
 from llmbook.workbench.grader import format_table, grade
 from llmbook.workbench.solutions import (
+    BUILD_PARTS,
+    build_stems,
     chapter_stems,
+    is_build,
+    label,
     load_module,
     load_solutions,
     resolve_chapter,
+    solution_path,
     solutions_dir,
+    unit_stems,
 )
 from llmbook.workbench.stubs import make_stub, write_stub
 
@@ -48,12 +56,29 @@ def test_the_solutions_are_found_and_chapters_resolve() -> None:
     assert len(stems) == 37 and stems[0] == "00_preface" and "10b_batch_size" in stems
     assert resolve_chapter(3) == resolve_chapter("03") == resolve_chapter(" 3 ") == STEM
     assert resolve_chapter(STEM) == STEM and resolve_chapter("10B") == "10b_batch_size"
-    with pytest.raises(ValueError, match="no chapter '99'.*03"):
+    with pytest.raises(ValueError, match="no chapter or build unit '99'.*03"):
         resolve_chapter("99")
     with pytest.raises(TypeError, match="chapter"):
         resolve_chapter(3.0)
     with pytest.raises(TypeError, match="chapter"):
         resolve_chapter(True)
+
+
+def test_the_build_units_resolve_by_part_in_every_spelling() -> None:
+    assert build_stems() == list(BUILD_PARTS)  # every Part has its unit
+    assert unit_stems() == chapter_stems() + list(BUILD_PARTS)
+    for spelling in ("build-II", "build-ii", "build-2", "build2", "BUILD 2", "build2_transformer"):
+        assert resolve_chapter(spelling) == "build2_transformer"
+    assert resolve_chapter("build-VI") == "build6_distributed"
+    assert [label(s) for s in BUILD_PARTS] == [f"build-{r}" for r in
+                                               ("I", "II", "III", "IV", "V", "VI")]
+    assert label(STEM) == "03" and label("10b_batch_size") == "10b"
+    assert is_build("build1_tokenizer") and not is_build(STEM)
+    assert solution_path("build3_training") == ROOT / "llmbook" / "workbench" / "units" / "build3_training.py"
+    assert solution_path(STEM) == REFERENCE
+    for wrong in ("build-VII", "build-0", "build-IIII", "build"):
+        with pytest.raises(ValueError, match="build-I, build-II"):
+            resolve_chapter(wrong)
 
 
 def test_load_module_writes_nothing_beside_the_file(tmp_path) -> None:
@@ -78,7 +103,9 @@ def test_parse_exercises_reads_numbers_stars_and_titles() -> None:
 
 def test_the_shipped_list_matches_the_chapters() -> None:
     """Fails when a chapter's exercises change: run `python -m llmbook.workbench.catalogue`."""
-    assert catalogue() == exercises_from_notebooks(ROOT / "notebooks")
+    chapters = {s: e for s, e in catalogue().items() if not is_build(s)}
+    assert chapters == exercises_from_notebooks(ROOT / "notebooks")
+    assert [s for s in catalogue() if is_build(s)] == list(BUILD_PARTS)  # from checks/buildN.py
     assert json.loads(CATALOGUE.read_text(encoding="utf-8"))["chapters"].keys() == set(chapter_stems())
     assert catalogue()[STEM] == [Exercise(1, 2, "The shift needs no gradient"),
                                  Exercise(2, 1, "Label smoothing"),
@@ -95,9 +122,8 @@ def test_each_check_maps_to_an_exercise_and_names_the_answers_it_calls() -> None
     with pytest.raises(ValueError, match="not in the package yet"):
         checks_for("99_no_such_chapter")
     from llmbook.workbench.checks import chapters_with_checks
-    from llmbook.workbench.solutions import chapter_stems
 
-    assert chapters_with_checks(chapter_stems()) == chapter_stems()  # every chapter grades
+    assert chapters_with_checks(unit_stems()) == unit_stems()  # every chapter and unit grades
 
 
 # ------------------------------------------------------------------ stubs
@@ -119,11 +145,11 @@ def _nones(fn) -> list[None]:
             and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
-@pytest.mark.parametrize("stem", chapter_stems())
+@pytest.mark.parametrize("stem", unit_stems())
 def test_each_stub_has_exactly_the_solutions_functions_and_signatures(stem, tmp_path) -> None:
     reference = load_solutions(stem)
     path = tmp_path / f"{stem}.py"
-    path.write_text(make_stub((solutions_dir() / f"{stem}.py").read_text(encoding="utf-8"), stem))
+    path.write_text(make_stub(solution_path(stem).read_text(encoding="utf-8"), stem))
     stub = load_module(path, f"stub_{stem}")
     want, got = _public(reference), _public(stub)
     assert sorted(got) == sorted(want)
@@ -165,7 +191,7 @@ def test_write_stub_never_overwrites(tmp_path, capsys) -> None:
     assert path.read_text() == "# mine\n"
     with pytest.raises(SystemExit):
         llmbook(["exercises", "99", "--dir", str(tmp_path)])
-    assert "no chapter '99'" in capsys.readouterr().err
+    assert "no chapter or build unit '99'" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ grading
@@ -310,6 +336,39 @@ def test_grading_a_namespace_in_process() -> None:
         grade(3, stub, time_limit=0)
 
 
+def test_a_notebook_grades_its_own_functions_and_borrows_the_rest() -> None:
+    """``grade("03", globals())`` in a chapter: what the notebook defines is graded as the
+    reader's; an imported function of an answer's name is not an answer; the rest is the
+    book's, and the rows and the table say so, without timings."""
+    from llmbook.text.functional import softmax
+
+    notebook = {"__name__": "__main__", "softmax": softmax,
+                "shift_gradient_symbolic": softmax}  # imported, not defined here: not an answer
+    rows = grade("03", notebook)
+    assert [r.status for r in rows] == ["passed"] * 4
+    assert [r.borrowed for r in rows] == [("shift_gradient_symbolic", "logsumexp_attached"),
+                                          ("label_smoothed_cross_entropy",), ("ngram_limit",),
+                                          ("cross_entropy_decomposition",)]
+    assert notebook["shift_gradient_symbolic"] is softmax  # the notebook's globals are untouched
+    shown = repr(rows)
+    assert shown.count("passed  (the book's)") == 4 and " s)" not in shown
+    assert "define yours here (`llmbook exercises 03` writes stubs" in shown
+    exec(compile("import torch.nn.functional as F\n"
+                 "def label_smoothed_cross_entropy(logits, targets, epsilon):\n"
+                 "    return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), "
+                 "label_smoothing=epsilon / 2)\n"
+                 "def logsumexp_attached(logits, dim=-1):\n"
+                 "    return logits.logsumexp(dim)\n", "<cell>", "exec"), notebook)
+    rows = grade(3, notebook)
+    assert [r.status for r in rows] == ["passed", "failed", "passed", "passed"]
+    assert rows[1].borrowed == () and "label_smoothing=0.1" in rows[1].detail
+    assert rows[0].borrowed == ("shift_gradient_symbolic",)  # half the reader's, half the book's
+    shown = repr(rows)
+    assert "passed  (with the book's shift_gradient_symbolic)" in shown
+    assert "FAILED" in shown and "3 of 4 exercises passed" in shown
+    assert "(the book's)" in format_table(rows) and " s)" in format_table(rows)
+
+
 def test_grade_and_list_from_the_command_line(workspaces, tmp_path, capsys) -> None:
     assert llmbook(["grade", "03", "--dir", str(tmp_path)]) == 1
     out = capsys.readouterr().out
@@ -317,7 +376,7 @@ def test_grade_and_list_from_the_command_line(workspaces, tmp_path, capsys) -> N
     for argv in (["grade"], ["grade", "03", "--all"], ["grade", "99"]):
         with pytest.raises(SystemExit):
             llmbook(argv)
-    assert "no chapter '99'; the chapters with exercises are 00, 01," in capsys.readouterr().err
+    assert "no chapter or build unit '99'; there are 00, 01," in capsys.readouterr().err
     assert llmbook(["grade", "--all", "--dir", str(tmp_path)]) == 1  # no file: a row each
     assert "chapter 03 (03_language_modelling)" in capsys.readouterr().out
     shutil.copy(REFERENCE, tmp_path / f"{STEM}.py")
@@ -417,3 +476,105 @@ def test_titles_print_without_tex() -> None:
     for title, want in cases.items():
         assert Exercise(1, 2, title).plain_title == want
     assert not [e.title for v in catalogue().values() for e in v if set("$\\`") & set(e.plain_title)]
+
+
+_X = sp.Symbol("x", real=True)
+_TRIVIAL = {  # answers that return the right type and nothing worked out
+    ("00_preface", 1): {"exercise_1": lambda: (sp.Integer(0), torch.zeros(101, dtype=torch.float64))},
+    ("00_preface", 2): {"exercise_2": lambda: sp.tanh(_X)},
+    ("02_embeddings", 4): {"squared_error_gradient": lambda N=2, V=3: sp.zeros(N, V)},
+    ("20_grpo", 1): {"even_votes_gain_nothing": lambda m: 0,
+                     "majority_with_coin_ties_symbolic": lambda n: sp.Symbol("p", positive=True)},
+}
+
+
+@pytest.mark.parametrize(("stem", "exercise"), list(_TRIVIAL))
+def test_a_trivial_answer_fails(stem, exercise) -> None:
+    """Exercises whose first checks accepted `return True`, a zero residual or a constant."""
+    from types import SimpleNamespace
+
+    reference = load_solutions(stem)
+    answers = SimpleNamespace(**{**vars(reference), **_TRIVIAL[stem, exercise]})
+    with pytest.raises(AssertionError, match="expected"):
+        for check in checks_for(stem)[exercise]:
+            check.run(answers)
+
+
+@pytest.mark.parametrize("stem", chapter_stems())
+def test_every_chapter_ends_by_grading_its_exercises_and_the_book_shows_all_passed(stem) -> None:
+    """Issue 28, item 4: the last cell grades the notebook's own functions; executed as
+    shipped, it grades the reference and every row passes."""
+    source = (ROOT / "notebooks" / f"{stem}.py").read_text(encoding="utf-8")
+    assert source.rstrip().endswith(f'# %%\nfrom llmbook.workbench import grade\n\n'
+                                    f'grade("{label(stem)}", globals())')
+    cells = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text(encoding="utf-8"))["cells"]
+    shown = "".join(text for o in cells[-1].get("outputs", [])
+                    for text in o.get("data", {}).get("text/plain", []))
+    n = len(catalogue()[stem])
+    assert f"  {n} of {n} exercises passed" in shown, shown
+    assert shown.count("passed  (the book's)") == n  # no chapter cell shadows an answer
+
+
+def test_approx_follows_pytest_approx() -> None:
+    from llmbook.workbench.checks import approx
+
+    for got, want, kw in [(1.0 + 5e-7, 1.0, {}), (1e-13, 0.0, {}), (2.0, 2.1, {"abs": 0.2}),
+                          (100.0, 101.0, {"rel": 0.01}), ([1.0, 2.0], [1.0, 2.0 + 1e-9], {}),
+                          (3, 3.0, {"rel": 0.0})]:
+        assert approx(got, want, **kw) and got == pytest.approx(want, **kw)
+    for got, want, kw in [(1.0 + 2e-6, 1.0, {}), (1e-11, 0.0, {}), (2.0, 2.3, {"abs": 0.2}),
+                          ([1.0], [1.0, 2.0], {}), ((1.0, 2.5), [1.0, 2.0], {"abs": 0.1}),
+                          ("1.0", 1.0, {}), (None, 1.0, {}), (torch.ones(2), [1.0, 1.0], {})]:
+        assert not approx(got, want, **kw)
+    assert (1.0 + 2e-6) != pytest.approx(1.0) and [1.0] != pytest.approx([1.0, 2.0])
+
+
+def test_a_missing_peer_package_is_named_with_how_to_install_it(monkeypatch) -> None:
+    """A check whose peer (transformers, tokenizers, trl, ...) is not installed: one clear row."""
+    from llmbook.workbench.checks import Check
+    from llmbook.workbench.runner import run_exercises
+
+    def needs_a_peer(solutions) -> None:
+        import no_such_peer_package.sub  # noqa: F401
+
+    monkeypatch.setattr("llmbook.workbench.runner.checks_for",
+                        lambda stem: {1: [Check(1, "exercise_1", needs_a_peer, ())]})
+    (result,) = run_exercises(STEM, load_solutions(STEM), [1])
+    assert result.status == "error" and result.detail == (
+        'this check compares with the package no_such_peer_package, which is not installed: '
+        'pip install "llmbook[dev]" (or pip install no_such_peer_package)')
+
+
+@pytest.mark.parametrize("stem", BUILD_PARTS)
+def test_a_build_reference_imports_no_book_code_at_the_top(stem) -> None:
+    """A reference's top-level imports are copied into the reader's stub: they must not hand
+    over the book's implementation (the bodies import it inside), and the stub must say where
+    the reference is."""
+    import ast
+
+    source = solution_path(stem).read_text(encoding="utf-8")
+    top = [n for n in ast.parse(source).body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    modules = {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
+    modules |= {n.module for n in top if isinstance(n, ast.ImportFrom)}
+    assert not any(m.startswith("llmbook") for m in modules), modules
+    stub = make_stub(source, stem)
+    assert stub.startswith(f'r"""Your build of Part {label(stem).split("-")[1]} of the book')
+    assert f"llmbook grade {label(stem)}" in stub and f"llmbook/workbench/units/{stem}.py" in stub
+    assert "from llmbook" not in stub and "import llmbook" not in stub
+
+
+@pytest.mark.parametrize("stem", BUILD_PARTS)
+def test_every_build_exercise_has_a_check_and_every_answer_a_use(stem) -> None:
+    """A unit's ``EXERCISES`` are numbered 1..n, rated 1-3 stars with plain titles, each has a
+    check; and the checks call exactly the reference's public functions and classes."""
+    from llmbook.workbench.checks import build_exercises
+
+    listed = build_exercises(stem)
+    found = checks_for(stem)
+    assert list(found) == list(listed) == list(range(1, len(listed) + 1))
+    for stars, title in listed.values():
+        assert stars in (1, 2, 3) and title and not set("$\\`") & set(title), title
+    reference = load_solutions(stem)
+    public = {n for n, v in vars(reference).items() if not n.startswith("_")
+              and (inspect.isfunction(v) or inspect.isclass(v)) and v.__module__ == reference.__name__}
+    assert {u for checks in found.values() for c in checks for u in c.uses} == public

@@ -17,7 +17,16 @@ course a reader can check their own code against:
   per exercise and classifies each outcome; the grader's subprocess.
 * :mod:`llmbook.workbench.grader` — :func:`~llmbook.workbench.grader.grade` and
   ``llmbook grade``: one row per exercise, passed / failed / not attempted / error.
+* :mod:`llmbook.workbench.units` — the build-it-yourself track: one unit per Part
+  (``llmbook grade build-II``), its reference the book's own code plugged in, its checks
+  ``checks/buildN.py``.
+
+``grade`` is here for a notebook's last cell, ``grade("03", globals())``.
 
 It ranks after every part of the book (its checks import any of them), with the reader's
 commands; nothing in the parts imports it.
 """
+
+from llmbook.workbench.grader import grade
+
+__all__ = ["grade"]

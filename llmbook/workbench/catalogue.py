@@ -18,8 +18,8 @@ from pathlib import Path
 
 from llmbook.paths import source_checkout
 
-__all__ = ["CATALOGUE", "Exercise", "catalogue", "exercises_from_notebooks", "main",
-           "parse_exercises"]
+__all__ = ["CATALOGUE", "Exercise", "catalogue", "exercises_from_notebooks", "exercises_of",
+           "main", "parse_exercises"]
 
 #: The shipped list, ``{stem: [Exercise as a dict, ...]}``.
 CATALOGUE = Path(__file__).resolve().parent / "exercises.json"
@@ -73,10 +73,37 @@ def exercises_from_notebooks(notebooks: Path) -> dict[str, list[Exercise]]:
     return found
 
 
-def catalogue() -> dict[str, list[Exercise]]:
-    """The shipped list of every chapter's exercises, ``{stem: [Exercise, ...]}``."""
+def _chapters() -> dict[str, list[Exercise]]:
     raw = json.loads(CATALOGUE.read_text(encoding="utf-8"))
     return {stem: [Exercise(**e) for e in items] for stem, items in raw["chapters"].items()}
+
+
+def exercises_of(stem: str) -> list[Exercise]:
+    """The exercises of one chapter, or of one build-it-yourself unit (its checks module's
+    ``EXERCISES``), without reading any other unit's; [] for a stem with none."""
+    from llmbook.workbench.checks import build_exercises
+    from llmbook.workbench.solutions import is_build
+
+    if is_build(stem):
+        try:
+            listed = build_exercises(stem)
+        except ValueError:
+            return []
+        return [Exercise(n, stars, title) for n, (stars, title) in listed.items()]
+    return _chapters().get(stem, [])
+
+
+def catalogue() -> dict[str, list[Exercise]]:
+    """The shipped list of every chapter's exercises, ``{stem: [Exercise, ...]}``, followed by
+    the build-it-yourself units' (``build2_transformer``), read from their checks modules."""
+    from llmbook.workbench.solutions import build_stems
+
+    found = _chapters()
+    for stem in build_stems():
+        listed = exercises_of(stem)
+        if listed:
+            found[stem] = listed
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:

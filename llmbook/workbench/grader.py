@@ -7,7 +7,11 @@ nothing the reader's code does (an infinite loop, a crash, ``sys.exit``, printin
 hang or break the grader: each exercise has a time limit, enforced in the child with
 ``SIGALRM`` and, for a loop that never returns to Python, by killing the child, after
 which the remaining exercises run in a fresh one. The file is only read. A namespace is
-graded in this process with the same checks and the ``SIGALRM`` limit.
+graded in this process with the same checks and the ``SIGALRM`` limit. A notebook's
+``globals()`` (a namespace with a ``__name__``) counts as the reader's only the functions
+and classes defined in it; an answer it does not define is taken from the reference and
+its row says so, so that the book, executed as shipped, shows every exercise passing, and a
+reader who defines a function of the same name sees their own result.
 
 Each row is passed, failed (the check's message: what was expected, what came back), not
 attempted (the function still raises ``NotImplementedError``) or error: syntax error,
@@ -19,6 +23,7 @@ Nothing here needs pytest: the checks write their own messages.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import selectors
@@ -31,12 +36,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from llmbook.workbench.catalogue import catalogue
+from llmbook.workbench.catalogue import catalogue, exercises_of
 from llmbook.workbench.checks import chapters_with_checks, checks_for
 from llmbook.workbench.runner import ERROR, NOT_ATTEMPTED, PASSED, Result, run_exercises
-from llmbook.workbench.solutions import DEFAULT_DIR, chapter_stems, resolve_chapter
+from llmbook.workbench.solutions import (
+    DEFAULT_DIR,
+    is_build,
+    label,
+    load_solutions,
+    resolve_chapter,
+    unit_stems,
+)
 
-__all__ = ["DEFAULT_TIME_LIMIT", "Row", "format_table", "grade", "main", "print_list"]
+__all__ = ["DEFAULT_TIME_LIMIT", "Report", "Row", "format_table", "grade", "main", "print_list"]
 
 #: Seconds each exercise may run (``--time-limit``); chapter 3's slowest takes about 3 s.
 DEFAULT_TIME_LIMIT = 60.0
@@ -57,10 +69,47 @@ class Row:
     status: str
     detail: str = ""
     seconds: float = 0.0
+    #: the answers the check called that were the book's, not the reader's (notebook grading)
+    borrowed: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
         return self.status == PASSED
+
+
+class Report(list):
+    """The rows :func:`grade` returns; a notebook shows them as the table, without timings
+    (which vary from run to run)."""
+
+    def __repr__(self) -> str:
+        text = format_table(self, seconds=False)
+        if any(r.borrowed for r in self):
+            unit = self[0].stem
+            text += ("\n  \"the book's\": graded on the reference solution, as this notebook "
+                     "defines no function of\n  that name; define yours here (`llmbook exercises "
+                     f"{label(unit)}` writes stubs to start from)\n  and run this cell again.")
+        return text
+
+
+def _borrow(stem: str, found: dict[str, object], names: set[str]) -> set[str]:
+    """Fill ``found`` (a notebook's globals) with the reference's answers among ``names``
+    that the notebook does not define itself; return the names filled.
+
+    A name counts as defined in the notebook when it is a function or class whose
+    ``__module__`` is the namespace's ``__name__``: an ``import`` of the book's own function
+    of the same name is not an answer.
+    """
+    home = found.get("__name__")
+    reference = load_solutions(stem)
+    borrowed = set()
+    for name in sorted(names):
+        value = found.get(name)
+        own = ((inspect.isfunction(value) or inspect.isclass(value))
+               and getattr(value, "__module__", None) == home)
+        if not own and hasattr(reference, name):
+            found[name] = getattr(reference, name)
+            borrowed.add(name)
+    return borrowed
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -148,39 +197,48 @@ def _grade_file(stem: str, path: Path, numbers: list[int], limit: float) -> dict
 
 
 def grade(chapter: str | int, answers: str | Path | ModuleType | Mapping[str, object],
-          time_limit: float = DEFAULT_TIME_LIMIT) -> list[Row]:
+          time_limit: float = DEFAULT_TIME_LIMIT) -> Report:
     """Grade chapter ``chapter``'s exercises on ``answers``: one :class:`Row` per exercise.
 
     ``answers`` is the reader's file (graded in a subprocess; it is only read) or a module
-    or namespace (``globals()``; graded in this process).
+    or namespace (graded in this process). A notebook's ``globals()`` (a dict with a
+    ``__name__``) supplies the functions and classes defined in the notebook; the answers it
+    does not define are the reference's, and their rows name them in ``borrowed``.
     """
     stem = resolve_chapter(chapter)
     if not isinstance(time_limit, (int, float)) or isinstance(time_limit, bool) or time_limit <= 0:
         raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
-    numbers = list(checks_for(stem))
+    checks = checks_for(stem)
+    numbers = list(checks)
+    uses = {n: tuple(dict.fromkeys(u for c in cs for u in c.uses)) for n, cs in checks.items()}
+    borrowed: set[str] = set()
     if isinstance(answers, (str, Path)):
         path = Path(answers)
         if not path.is_file():
-            detail = (f"no file {path}: `llmbook exercises {stem.split('_')[0]}` writes the stub")
+            detail = f"no file {path}: `llmbook exercises {label(stem)}` writes the stub"
             results = {n: Result(n, ERROR, detail) for n in numbers}
         else:
             results = _grade_file(stem, path, numbers, float(time_limit))
     elif isinstance(answers, (ModuleType, Mapping)):
+        if isinstance(answers, Mapping) and "__name__" in answers:  # a notebook's globals
+            answers = dict(answers)  # the reader's namespace is not changed
+            borrowed = _borrow(stem, answers, {u for names in uses.values() for u in names})
         results = {r.exercise: r for r in run_exercises(stem, answers, numbers, time_limit)}
     else:
         raise TypeError(f"answers must be a file path, a module or a namespace dict, "
                         f"got {type(answers).__name__}")
-    info = {e.number: e for e in catalogue().get(stem, [])}
-    rows = []
+    info = {e.number: e for e in exercises_of(stem)}
+    rows = Report()
     for n in numbers:
         r, e = results[n], info.get(n)
         rows.append(Row(stem, n, e.stars if e else None, e.plain_title if e else "", r.status,
-                        r.detail, r.seconds))
+                        r.detail, r.seconds, tuple(u for u in uses[n] if u in borrowed)))
     return rows
 
 
-def format_table(rows: Sequence[Row]) -> str:
-    """The rows as the terminal shows them, with a summary line."""
+def format_table(rows: Sequence[Row], seconds: bool = True) -> str:
+    """The rows as the terminal shows them, with a summary line (and each passed
+    exercise's time unless ``seconds`` is False)."""
     if not rows:
         return "no exercises graded"
     width = max(len(r.title) for r in rows)
@@ -188,8 +246,10 @@ def format_table(rows: Sequence[Row]) -> str:
     for r in rows:
         stars = "★" * (r.stars or 0)
         status = r.status.upper() if r.status not in (PASSED, NOT_ATTEMPTED) else r.status
-        lines.append(f"  {r.exercise:>2}  {stars:<3}  {r.title:<{width}}  {status}"
-                     + (f"  ({r.seconds:.1f} s)" if r.passed else ""))
+        whose = "  (the book's)" if r.borrowed and set(r.borrowed) == set(_answers_of(r)) else (
+            f"  (with the book's {', '.join(r.borrowed)})" if r.borrowed else "")
+        lines.append(f"  {r.exercise:>2}  {stars:<3}  {r.title:<{width}}  {status}{whose}"
+                     + (f"  ({r.seconds:.1f} s)" if r.passed and seconds else ""))
         if r.detail and not r.passed:
             lines.append(f"        {r.detail}")
     done = sum(r.passed for r in rows)
@@ -197,13 +257,23 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def _answers_of(row: Row) -> tuple[str, ...]:
+    """The answers ``row``'s exercise calls."""
+    return tuple(dict.fromkeys(u for c in checks_for(row.stem)[row.exercise] for u in c.uses))
+
+
 def _workspace_file(directory: Path, stem: str) -> Path:
     return directory / f"{stem}.py"
 
 
+def _unit(stem: str) -> str:
+    """``chapter 03 (03_language_modelling)`` or ``build-II (build2_transformer)``."""
+    return f"{label(stem)} ({stem})" if is_build(stem) else f"chapter {label(stem)} ({stem})"
+
+
 def print_list(directory: Path = DEFAULT_DIR) -> int:
     """``llmbook exercises --list``: the graded chapters, their exercises and the reader's status."""
-    graded = chapters_with_checks(chapter_stems())
+    graded = chapters_with_checks(unit_stems())
     everything = catalogue()
     for stem in graded:
         path = _workspace_file(directory, stem)
@@ -212,16 +282,16 @@ def print_list(directory: Path = DEFAULT_DIR) -> int:
             status = {n: r.status for n, r in rows.items()}
         else:
             status = {}
-        print(f"chapter {stem.split('_')[0]} ({stem}): "
+        print(f"{_unit(stem)}: "
               + (f"your file {path}" if status else f"no file yet (llmbook exercises "
-                                                      f"{stem.split('_')[0]} writes it)"))
+                                                      f"{label(stem)} writes it)"))
         for e in everything.get(stem, []):
             print(f"  {e.number:>2}  {'★' * (e.stars or 0):<3}  {e.plain_title:<40}  "
                   f"{status.get(e.number, 'not started')}")
     rest = [s for s in everything if s not in graded and everything[s]]
     if rest:
         print(f"{len(rest)} more chapters have exercises whose checks are not in the package "
-              f"yet: {', '.join(s.split('_')[0] for s in rest)}")
+              f"yet: {', '.join(label(s) for s in rest)}")
     return 0
 
 
@@ -235,8 +305,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Grade your answers to a chapter's exercises (the file `llmbook "
                     "exercises NN` wrote): one row per exercise; exit status 0 only when "
                     "all pass.")
-    parser.add_argument("chapter", nargs="?", help="the chapter: 3, 03, 10b or its full name")
-    parser.add_argument("--all", action="store_true", help="every chapter with graded exercises")
+    parser.add_argument("chapter", nargs="?", help="the chapter: 3, 03, 10b or its full name; "
+                        "or a build-it-yourself unit: build-I ... build-VI")
+    parser.add_argument("--all", action="store_true",
+                        help="every chapter with graded exercises, and every build-it-yourself unit")
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR,
                         help=f"your workspace (default ./{DEFAULT_DIR}/)")
     parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT,
@@ -247,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.time_limit <= 0:
         parser.error("--time-limit must be positive")
     try:
-        stems = (chapters_with_checks(chapter_stems()) if args.all
+        stems = (chapters_with_checks(unit_stems()) if args.all
                  else [resolve_chapter(args.chapter)])
         if not args.all:
             checks_for(stems[0])
@@ -256,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok = True
     for stem in stems:
         path = _workspace_file(args.dir, stem)
-        print(f"chapter {stem.split('_')[0]} ({stem}), answers in {path}")
+        print(f"{_unit(stem)}, answers in {path}")
         rows = grade(stem, path, args.time_limit)
         print(format_table(rows))
         ok = ok and all(r.passed for r in rows)

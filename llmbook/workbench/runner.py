@@ -245,6 +245,10 @@ def _classify(exercise: int, err: BaseException, answer_file: str | None, limit:
             frame = traceback.extract_tb(err.__traceback__)[-1]
             message = f"the check `{frame.line}` does not hold{_values(err, frame.line)}"
         return Result(exercise, FAILED, message, seconds)
+    if isinstance(err, ModuleNotFoundError) and err.name and not _where(err, answer_file):
+        top = err.name.split(".")[0]  # a peer the check compares with, missing here
+        return Result(exercise, ERROR, f"this check compares with the package {top}, which is "
+                      f"not installed: pip install \"llmbook[dev]\" (or pip install {top})", seconds)
     text = str(err).strip().splitlines()
     first = text[0] if text else ""
     return Result(exercise, ERROR, f"{type(err).__name__}{_where(err, answer_file)}: {first}",

@@ -19,9 +19,9 @@ import ast
 from collections.abc import Sequence
 from pathlib import Path
 
-from llmbook.workbench.catalogue import catalogue
+from llmbook.workbench.catalogue import exercises_of
 from llmbook.workbench.checks import checks_for
-from llmbook.workbench.solutions import DEFAULT_DIR, resolve_chapter, solutions_dir
+from llmbook.workbench.solutions import DEFAULT_DIR, is_build, label, resolve_chapter, solution_path
 
 __all__ = ["DEFAULT_DIR", "exercise_functions", "main", "make_stub", "write_stub"]
 
@@ -118,9 +118,12 @@ def make_stub(source: str, stem: str) -> str:
     """The reader's starting file for chapter ``stem``, made from its solutions' ``source``."""
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
-    label = stem.split("_")[0]
+    name = label(stem)
     uses = exercise_functions(stem)
-    owner = {name: n for n, names in uses.items() for name in names}
+    owner: dict[str, int] = {}  # the first exercise that calls each answer
+    for n, answers in uses.items():
+        for answer in answers:
+            owner.setdefault(answer, n)
     public = [n for n in tree.body if isinstance(n, (*_Def.__args__, ast.ClassDef))
               and not n.name.startswith("_")]
     # module-level names the public signatures need, and what those need in turn
@@ -137,25 +140,38 @@ def make_stub(source: str, stem: str) -> str:
         if _defined(node) & needed:
             support.insert(0, node)
             needed |= _names([node])
-    exercises = {e.number: e for e in catalogue().get(stem, [])}
+    exercises = {e.number: e for e in exercises_of(stem)}
     listing = []
     for n, names in uses.items():
         e = exercises.get(n)
         title = f"({'★' * e.stars}) {e.plain_title}" if e and e.stars else (e.plain_title if e else "")
         listing.append(f"    {n}. {title}: {', '.join(names)}")
+    if is_build(stem):
+        what = (f"Your build of Part {name.split('-')[1]} of the book (the build-it-yourself unit "
+                f"{name}).")
+        # the reference's own introduction (the order to build in, the conventions), less its
+        # title line and the paragraph that says it is the reference
+        intro = [p for p in (ast.get_docstring(tree) or "").split("\n\n")[1:]
+                 if "file is the reference" not in " ".join(p.split())]
+        if intro:
+            what += "\n\n" + "\n\n".join(intro)
+        where = (f"The reference is the book's own code plugged in: llmbook/workbench/units/{stem}.py\n"
+                 "(each function calls the implementation the chapters build): look after trying.\n")
+    else:
+        what = f"Your answers to the exercises of chapter {name} (notebooks/{stem} in the book)."
+        where = (f"The reference solutions are notebooks/solutions/{stem}.py in the book's repository\n"
+                 "(llmbook/workbench/_solutions/ in an installed package): look after trying.\n")
     parts = [
-        f'r"""Your answers to the exercises of chapter {label} (notebooks/{stem} in the book).\n\n'
-        f"Written by `llmbook exercises {label}` from the reference solutions: every function\n"
-        "has the solution's name, signature and docstring, and a body that raises\n"
+        f'r"""{what}\n\n'
+        f"Written by `llmbook exercises {name}` from the reference: every function\n"
+        "has the reference's name, signature and docstring, and a body that raises\n"
         "NotImplementedError. Replace each body with your code; keep the names and signatures.\n"
-        f"Grade it with `llmbook grade {label}` (add `--dir DIR` if this file is not in\n"
+        f"Grade it with `llmbook grade {name}` (add `--dir DIR` if this file is not in\n"
         "./llmbook-work/): one row per exercise, passed, failed (what was expected, what came\n"
         "back) or not attempted.\n"
         + ("\nThe exercises and the functions their checks call:\n\n" + "\n".join(listing) + "\n"
            if listing else "")
-        + f"\nThe reference solutions are notebooks/solutions/{stem}.py in the book's repository\n"
-        "(llmbook/workbench/_solutions/ in an installed package): look after trying.\n"
-        '"""\n']
+        + "\n" + where + '"""\n']
     imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     parts.append("\n" + "".join(_lines(lines, n.lineno, n.end_lineno) for n in imports))
     for node in tree.body:
@@ -163,7 +179,8 @@ def make_stub(source: str, stem: str) -> str:
             parts.append("\n\n" + _lines(lines, node.lineno, node.end_lineno))
         elif node in public:
             n = owner.get(node.name)
-            message = f"exercise {n} of chapter {label}: yours to write" if n else "yours to write"
+            unit = name if is_build(stem) else f"chapter {name}"
+            message = f"exercise {n} of {unit}: yours to write" if n else "yours to write"
             stub = (_stub_class(node, lines, message) if isinstance(node, ast.ClassDef)
                     else _stub_def(node, lines, f"{node.name}: {message}"))
             parts.append("\n\n" + stub)
@@ -180,7 +197,7 @@ def write_stub(chapter: str | int, directory: str | Path = DEFAULT_DIR) -> tuple
     path = Path(directory) / f"{stem}.py"
     if path.exists():
         return path, False
-    text = make_stub((solutions_dir() / f"{stem}.py").read_text(encoding="utf-8"), stem)
+    text = make_stub(solution_path(stem).read_text(encoding="utf-8"), stem)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "x", encoding="utf-8") as f:  # "x": fails rather than overwrite
         f.write(text)
@@ -193,7 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="llmbook exercises",
         description="Write a chapter's exercise stub into your workspace (never overwriting "
                     "a file), or list the exercises with their ratings and your status.")
-    parser.add_argument("chapter", nargs="?", help="the chapter: 3, 03, 10b or its full name")
+    parser.add_argument("chapter", nargs="?", help="the chapter: 3, 03, 10b or its full name; "
+                        "or a build-it-yourself unit: build-I ... build-VI")
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR,
                         help=f"your workspace (default ./{DEFAULT_DIR}/)")
     parser.add_argument("--list", action="store_true",
@@ -211,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     if written:
         print(f"wrote {path}: fill in the functions, then run "
-              f"`llmbook grade {path.stem.split('_')[0]} --dir {args.dir}`")
+              f"`llmbook grade {label(path.stem)} --dir {args.dir}`")
     else:
         print(f"{path} exists: left as it is (delete it to start again from the stub)")
     return 0

@@ -11,21 +11,31 @@ import torch.nn.functional as F
 from llmbook.nbtools import Checks
 
 
-def exercise_1() -> float:
-    """d/dx tanh(x) = 1 - tanh(x)^2, symbolically and against autograd; return the max error."""
+def exercise_1() -> tuple[sp.Expr, torch.Tensor]:
+    """d/dx tanh(x), derived by SymPy, and autograd's gradient of tanh on 101 points.
+
+    Returns ``(derivative, gradient)``: the SymPy expression of d/dx tanh(x) in the real
+    symbol ``x`` (which simplifies to 1 - tanh(x)^2), and autograd's float64 gradient of
+    ``tanh`` at ``torch.linspace(-4, 4, 101)``, shape (101,).
+    """
     x = sp.symbols("x", real=True)
-    assert sp.simplify(sp.diff(sp.tanh(x), x) - (1 - sp.tanh(x) ** 2)) == 0
+    derivative = sp.diff(sp.tanh(x), x)
+    assert sp.simplify(derivative - (1 - sp.tanh(x) ** 2)) == 0
     xs = torch.linspace(-4, 4, 101, dtype=torch.float64, requires_grad=True)
     torch.tanh(xs).sum().backward()
-    symbolic = sp.lambdify(x, 1 - sp.tanh(x) ** 2, "numpy")(xs.detach().numpy())
-    return float((xs.grad - torch.from_numpy(symbolic)).abs().max())
+    symbolic = sp.lambdify(x, derivative, "numpy")(xs.detach().numpy())
+    assert float((xs.grad - torch.from_numpy(symbolic)).abs().max()) < 1e-15
+    return derivative, xs.grad
 
 
-def exercise_2() -> bool:
-    """tanh(x) = 2 sigma(2x) - 1, as an identity of SymPy expressions."""
+def exercise_2() -> sp.Expr:
+    """2 sigma(2x) - 1 as a SymPy expression of the real symbol ``x``, built from the sigmoid
+    sigma(u) = 1 / (1 + e^-u) (so written with ``exp``, not ``tanh``); SymPy shows it is tanh(x)."""
     x = sp.symbols("x", real=True)
     sigma = lambda u: 1 / (1 + sp.exp(-u))  # noqa: E731
-    return sp.simplify((2 * sigma(2 * x) - 1 - sp.tanh(x)).rewrite(sp.exp)) == 0
+    expression = 2 * sigma(2 * x) - 1
+    assert sp.simplify((expression - sp.tanh(x)).rewrite(sp.exp)) == 0
+    return expression
 
 
 def exercise_3() -> dict[str, float]:

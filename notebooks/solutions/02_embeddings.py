@@ -55,14 +55,14 @@ def cos_moments() -> tuple[sp.Expr, sp.Expr, sp.Symbol]:
 def squared_error_gradient(N: int = 2, V: int = 3) -> sp.Matrix:
     """Exercise 4, first step: dL/dz for L = (1/2N) sum_t ||z_t - y_t||^2, derived by SymPy.
 
-    Every entry of z (N, V) is a free symbol and y is a one-hot matrix (token t -> t mod V).
-    Returns dL/dz - (z - y)/N, which SymPy reduces to the zero matrix.
+    Every entry of z (N, V) is a free symbol ``z_tv`` (``sp.Symbol(f"z_{t}{v}")``) and y is
+    a one-hot matrix (token t -> t mod V). Returns the N x V matrix dL/dz, differentiated
+    entry by entry from L (it simplifies to (z - y) / N).
     """
     z = sp.Matrix(N, V, lambda t, v: sp.Symbol(f"z_{t}{v}"))
     y = sp.Matrix(N, V, lambda t, v: 1 if v == t % V else 0)
     L = sum((z - y).applyfunc(lambda e: e**2)) / (2 * N)
-    dL_dz = sp.Matrix(N, V, lambda t, v: sp.diff(L, z[t, v]))
-    return sp.simplify(dL_dz - (z - y) / N)
+    return sp.Matrix(N, V, lambda t, v: sp.diff(L, z[t, v]))
 
 
 def tied_grad_by_hand(

@@ -8,21 +8,27 @@ exercise of the chapter's ``## Exercises`` list (:mod:`llmbook.workbench.catalog
 exercise may have several checks. The same functions grade a reader's file
 (:mod:`llmbook.workbench.grader`) and the book's reference solutions
 (``tests/test_solutions_NN.py``), so the two cannot diverge.
+
+A unit of the build-it-yourself track has its checks in ``checks/buildN.py`` (``build2``,
+Part II), written the same way, with ``EXERCISES = {number: (stars, title)}``: a unit has no
+chapter whose Exercises section would list them (:func:`build_exercises`).
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import importlib.util
 import inspect
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
 
-__all__ = ["Check", "chapters_with_checks", "checks_for", "checks_module_name", "raises"]
+__all__ = ["Check", "approx", "build_exercises", "chapters_with_checks", "checks_for", "checks_module_name",
+           "raises"]
 
 _CHECK = re.compile(r"exercise_(\d+)(?:_\w+)?")
 
@@ -54,14 +60,48 @@ def raises(expected: type[BaseException] | tuple[type[BaseException], ...],
     raise AssertionError(f"expected {what} to raise {names}, but it returned normally")
 
 
+def approx(got: object, want: float | Sequence[float], rel: float | None = None,
+           abs: float | None = None) -> bool:  # noqa: A002 - pytest.approx's names
+    """The checks' ``got == pytest.approx(want, rel=rel, abs=abs)`` (pytest is not a dependency
+    of the installed book), with pytest's rules: given only ``abs``, the tolerance is ``abs``;
+    otherwise ``max(rel * |want|, abs)``, with the defaults rel 1e-6 and abs 1e-12. A sequence
+    ``want`` needs a sequence ``got`` of the same length, each value within its tolerance.
+    Anything that is not a number (or a sequence of them) is simply not close.
+    """
+    if isinstance(want, Sequence):
+        return (isinstance(got, Sequence) and not isinstance(got, str) and len(got) == len(want)
+                and all(approx(g, w, rel, abs) for g, w in zip(got, want, strict=True)))
+    if isinstance(got, (str, bytes)):
+        return False
+    try:
+        got, want = float(got), float(want)
+    except (TypeError, ValueError):
+        return False
+    if abs is not None and rel is None:
+        return builtins.abs(got - want) <= abs
+    tol = max((1e-6 if rel is None else rel) * builtins.abs(want), 1e-12 if abs is None else abs)
+    return got == want or builtins.abs(got - want) <= tol
+
+
 def checks_module_name(stem: str) -> str:
-    """``"03_language_modelling"`` -> ``"llmbook.workbench.checks.ch03"``."""
-    return f"{__name__}.ch{stem.split('_')[0]}"
+    """``"03_language_modelling"`` -> ``"llmbook.workbench.checks.ch03"``; a build-it-yourself
+    unit's, ``"build2_transformer"`` -> ``"llmbook.workbench.checks.build2"``."""
+    head = stem.split("_")[0]
+    return f"{__name__}.{head}" if head.startswith("build") else f"{__name__}.ch{head}"
 
 
 def chapters_with_checks(stems: list[str]) -> list[str]:
     """The stems among ``stems`` whose checks are in the package."""
     return [s for s in stems if importlib.util.find_spec(checks_module_name(s)) is not None]
+
+
+def build_exercises(stem: str) -> dict[int, tuple[int, str]]:
+    """A build-it-yourself unit's exercises, ``{number: (stars, title)}``, from its checks
+    module's ``EXERCISES``; ValueError when the unit has no checks module."""
+    name = checks_module_name(stem)
+    if importlib.util.find_spec(name) is None:
+        raise ValueError(f"stem: the checks of {stem} are not in the package yet")
+    return dict(sorted(importlib.import_module(name).EXERCISES.items()))
 
 
 def _uses(function: Callable, parameter: str) -> tuple[str, ...]:

@@ -1,26 +1,52 @@
 """Checks of the preface's exercises (notebooks/00_preface), run on ``solutions``.
 
 Each ``exercise_N_...(solutions)`` calls the answers as ``solutions.name(...)``; the
-peers are float64 round-off (``2^-53``) and the bound ``2^-53 e^20`` the exercise derives.
+peers are SymPy, ``torch.tanh``, float64 round-off (``2^-53``) and the bound ``2^-53 e^20``
+the exercise derives.
 """
 
 from __future__ import annotations
 
 import math
 
+import sympy as sp
+import torch
+
 
 def exercise_1_tanh_derivative(solutions) -> None:
-    error = solutions.exercise_1()
+    derivative, gradient = solutions.exercise_1()
+    x = sp.Symbol("x", real=True)
+    assert derivative.free_symbols == {x}, (
+        f"expected the derivative in the real symbol x (sp.symbols('x', real=True)), got "
+        f"{derivative} with symbols {derivative.free_symbols}")
+    residual = sp.simplify(derivative - (1 - sp.tanh(x) ** 2))
+    assert residual == 0, f"expected d/dx tanh(x) - (1 - tanh(x)^2) to simplify to 0, got {residual}"
+    xs = torch.linspace(-4, 4, 101, dtype=torch.float64)
+    assert isinstance(gradient, torch.Tensor) and gradient.shape == (101,) \
+        and gradient.dtype == torch.float64, (
+            f"expected autograd's gradient as a float64 tensor of shape (101,), got "
+            f"{type(gradient).__name__} {getattr(gradient, 'shape', '')} {getattr(gradient, 'dtype', '')}")
+    closed = 1 - torch.tanh(xs) ** 2
+    error = float((gradient - closed).abs().max())
     assert error < 1e-15, (
-        f"expected the largest gap between autograd's d/dx tanh and 1 - tanh^2 to be below "
-        f"1e-15 (float64 round-off), got {error!r}")
+        f"expected the gradient at linspace(-4, 4, 101) to equal 1 - tanh^2 to 1e-15 (float64 "
+        f"round-off), got a largest difference of {error:.3g}")
 
 
 def exercise_2_tanh_from_sigmoid(solutions) -> None:
-    identity = solutions.exercise_2()
-    assert identity is True, (
-        f"expected exercise_2() to return True (SymPy confirms tanh(x) = 2 sigma(2x) - 1), "
-        f"got {identity!r}")
+    expression = solutions.exercise_2()
+    x = sp.Symbol("x", real=True)
+    assert expression.free_symbols == {x} and not expression.has(sp.tanh) \
+        and expression.has(sp.exp), (
+            f"expected 2 sigma(2x) - 1 written with exp in the real symbol x (not with tanh), "
+            f"got {expression}")
+    residual = sp.simplify((expression - sp.tanh(x)).rewrite(sp.exp))
+    assert residual == 0, f"expected 2 sigma(2x) - 1 - tanh(x) to simplify to 0, got {residual}"
+    for point in (-3, sp.Rational(1, 2), 2):
+        value = float(expression.subs(x, point))
+        assert math.isclose(value, math.tanh(float(point)), rel_tol=1e-14), (
+            f"expected the expression at x = {point} to be tanh({point}) = "
+            f"{math.tanh(float(point))!r}, got {value!r}")
 
 
 def exercise_3_softplus_against_the_literal_formula(solutions) -> None:

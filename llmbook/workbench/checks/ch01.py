@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from llmbook.text.corpus import load_stdlib_docs
 from llmbook.text.tokenizer import BPETokenizer, count_pretokens, train_bpe
-from llmbook.workbench.checks import raises
+from llmbook.workbench.checks import approx, raises
 
 
 @functools.cache
@@ -91,24 +91,18 @@ def exercise_4_non_additive_pair(solutions) -> None:
     assert back == a + b, f"expected decode(encode(a) + encode(b)) = {a + b!r}, got {back!r}"
 
 
-def _close(values, want: list[float], tol: float) -> bool:
-    """``values == pytest.approx(want, abs=tol)``: as many values, each within tol."""
-    return (hasattr(values, "__len__") and len(values) == len(want)
-            and all(abs(v - w) <= tol for v, w in zip(values, want, strict=True)))
-
-
 def exercise_5_cosine_to_reference_worked_example(solutions) -> None:
     # rows: mean (1, 1); centred: (-1, -1), (1, 1), (1, -1), (-1, 1), (0, 0) - tokens 0 and 1 oppose
     E = torch.tensor([[0.0, 0.0], [2.0, 2.0], [2.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
     ids, cos = solutions.cosine_to_reference(E, [1], 4)
     assert ids == [2, 3, 4, 0], (  # 2 and 3 tie at cos 0 (smaller id first); the zero row has cos 0
         f"expected ids [2, 3, 4, 0] (ties at cos 0 by smaller id, the zero row has cos 0), got {ids!r}")
-    assert _close(cos, [0.0, 0.0, 0.0, -1.0], 1e-12), (
+    assert approx(cos, [0.0, 0.0, 0.0, -1.0], abs=1e-12), (
         f"expected the list of cosines [0, 0, 0, -1] (to 1e-12), got {cos!r}")
     result = solutions.cosine_to_reference(E, [1], 1, exclude=[2, 3, 4])
     ids, cos = result
     # pytest.approx(-1.0), its default tolerance 1e-6
-    assert isinstance(result, tuple) and ids == [0] and isinstance(cos, list) and _close(cos, [-1.0], 1e-6), (
+    assert isinstance(result, tuple) and ids == [0] and isinstance(cos, list) and approx(cos, [-1.0], abs=1e-6), (
         f"expected the lists ([0], [-1.0]) with rows 2, 3, 4 excluded, got ({ids!r}, {cos!r})")
     with raises(ValueError, match="k", what="cosine_to_reference(E, [1], 5) with 5 rows, 1 reference"):
         solutions.cosine_to_reference(E, [1], 5)
@@ -127,7 +121,7 @@ def exercise_5_cosine_to_reference_equals_torch_cosine_similarity(solutions) -> 
     ids, values = solutions.cosine_to_reference(E, ref, 9)
     want = [cos[i].item() for i in expected]
     assert ids == expected, f"expected the ids {expected} (F.cosine_similarity's order), got {ids!r}"
-    assert _close(values, want, 1e-12), (
+    assert approx(values, want, abs=1e-12), (
         f"expected F.cosine_similarity's values {want} (to 1e-12), got {values!r}")
 
 

@@ -87,9 +87,13 @@ def exercise_3_cos_moments(solutions) -> None:
 
 def exercise_4_squared_error_gradient_is_derived(solutions) -> None:
     for N, V in [(2, 3), (3, 2)]:
-        residual = solutions.squared_error_gradient(N, V)
+        gradient = solutions.squared_error_gradient(N, V)
+        assert gradient.shape == (N, V), f"expected an {N} x {V} matrix, got shape {gradient.shape}"
+        z = sp.Matrix(N, V, lambda t, v: sp.Symbol(f"z_{t}{v}"))
+        y = sp.Matrix(N, V, lambda t, v, V=V: 1 if v == t % V else 0)
+        residual = sp.simplify(gradient - (z - y) / N)
         assert residual == sp.zeros(N, V), (
-            f"expected the {N} x {V} residual (derived minus by-hand gradient) to be zero, got {residual}")
+            f"expected dL/dz = (z - y)/N for N = {N}, V = {V}; the difference is {residual}")
 
 
 def exercise_4_tied_grad_by_hand_matches_autograd(solutions) -> None:

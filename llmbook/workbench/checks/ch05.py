@@ -19,15 +19,7 @@ from llmbook.transformer.positional import (
     sinusoidal_positions,
     sinusoidal_shift_matrix,
 )
-from llmbook.workbench.checks import raises
-
-
-def _within(got: float, want: float, rel: float | None = None, abs_: float | None = None) -> bool:
-    """``got == pytest.approx(want, rel=rel, abs=abs_)``, with pytest's defaults and rules."""
-    if abs_ is not None and rel is None:
-        return abs(got - want) <= abs_
-    tol = max((1e-6 if rel is None else rel) * abs(want), 1e-12 if abs_ is None else abs_)
-    return got == want or abs(got - want) <= tol
+from llmbook.workbench.checks import approx, raises
 
 
 def exercise_1_sinusoidal_dot_depends_only_on_offset(solutions) -> None:
@@ -43,9 +35,9 @@ def exercise_1_sinusoidal_dot_depends_only_on_offset(solutions) -> None:
         f"expected sinusoidal_dot(m - n) to be the dot product of the table's rows m and n (to 1e-12), "
         f"largest difference {error:.3g}")
     at_zero = solutions.sinusoidal_dot(0, d)
-    assert _within(at_zero, d / 2, abs_=1e-15), f"expected sinusoidal_dot(0, 16) = 8 (d / 2), got {at_zero!r}"
+    assert approx(at_zero, d / 2, abs=1e-15), f"expected sinusoidal_dot(0, 16) = 8 (d / 2), got {at_zero!r}"
     ahead, behind = solutions.sinusoidal_dot(7, d), solutions.sinusoidal_dot(-7, d)
-    assert _within(ahead, behind, abs_=1e-15), (
+    assert approx(ahead, behind, abs=1e-15), (
         f"expected the same value at offsets 7 and -7, got {ahead!r} and {behind!r}")
     # the identity behind it, symbolically
     a, b = sp.symbols("a b", real=True)
@@ -116,13 +108,13 @@ def exercise_4_roformer_bound(solutions) -> None:
     shape = tuple(bound.shape)
     assert shape == (1001,), f"expected shape (1001,) for 1001 distances, got {shape}"
     at_zero, want = bound[0].item(), (dk / 2 + 1) / 2
-    assert _within(at_zero, want, rel=1e-14), f"expected (d_k/2 + 1) / 2 = {want} at distance 0, got {at_zero!r}"
+    assert approx(at_zero, want, rel=1e-14), f"expected (d_k/2 + 1) / 2 = {want} at distance 0, got {at_zero!r}"
     # direct evaluation at one distance
     theta = 10000.0 ** (-torch.arange(0, dk, 2, dtype=torch.float64) / dk)
     S = [abs(sum(complex(math.cos(500 * t), math.sin(500 * t)) for t in theta[:j].tolist()))
          for j in range(1, dk // 2 + 1)]
     at_500, want = bound[500].item(), sum(S) / (dk // 2)
-    assert _within(at_500, want, rel=1e-12), (
+    assert approx(at_500, want, rel=1e-12), (
         f"expected the directly summed bound {want!r} at distance 500 (to 1e-12 relative), got {at_500!r}")
     far, near = bound[500:].mean().item(), bound[:20].mean().item()
     assert far < 0.5 * near, (  # it decays
@@ -149,7 +141,7 @@ def exercise_5_yarn_keeps_fast_pairs_and_interpolates_slow_ones(solutions) -> No
     shape = tuple(r.shape)
     assert shape == (64,), f"expected one count per pair, shape (64,), got {shape}"
     first, want = r[0].item(), L0 / (2 * math.pi)
-    assert _within(first, want, rel=1e-15), (  # theta_0 = 1
+    assert approx(first, want, rel=1e-15), (  # theta_0 = 1
         f"expected pair 0 (theta = 1) to make L / (2 pi) = {want!r} turns, got {first!r}")
     assert torch.all(r[1:] < r[:-1]), "expected fewer turns for each slower pair"
     plain, _ = rope_inverse_frequencies(d, base, dtype=torch.float64)
@@ -165,4 +157,4 @@ def exercise_5_yarn_keeps_fast_pairs_and_interpolates_slow_ones(solutions) -> No
     assert between in (math.floor(span), math.ceil(span)), (
         f"expected {math.floor(span)} or {math.ceil(span)} pairs with 1 <= r <= 32, got {between}")
     want = 0.1 * math.log(s) + 1
-    assert _within(factor, want), f"expected YaRN's attention factor 0.1 ln 8 + 1 = {want!r}, got {factor!r}"
+    assert approx(factor, want), f"expected YaRN's attention factor 0.1 ln 8 + 1 = {want!r}, got {factor!r}"

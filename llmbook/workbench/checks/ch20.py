@@ -3,7 +3,8 @@
 Each ``exercise_N_...(solutions)`` calls the answers as ``solutions.name(...)``; the
 peers are the book's majority-vote probability
 (:func:`llmbook.alignment.repeated_sampling.majority_probability_symbolic`), the plug-in
-estimator's expectation computed independently with fractions, the group weights written
+estimator's expectation computed independently with fractions, the vote's probability
+summed over the count of right votes, the group weights written
 here in SymPy, and the per-token weights measured from the gradients of the
 micro-batch means (``torch.testing.assert_close``).
 """
@@ -29,6 +30,17 @@ def exercise_1_even_votes_gain_nothing(solutions) -> None:
         f"expected a vote of 4 (a tie loses) to be worse than a vote of 3 at p = 7/10, got the change {at_seven_tenths}")
     got = solutions.majority_with_coin_ties_symbolic(2).subs(p, sp.Rational(1, 3))
     assert got == sp.Rational(1, 3), f"expected a vote of 2 with coin ties to be right with p = 1/3 at p = 1/3, got {got}"
+    # the whole polynomial, summed here over the count c of right votes: a strict majority
+    # wins, a tie (c = n/2) wins half the time
+    for n in range(1, 7):
+        want = sum(sp.binomial(n, c) * p**c * (1 - p) ** (n - c)
+                   * (1 if 2 * c > n else sp.Rational(1, 2) if 2 * c == n else 0)
+                   for c in range(n + 1))
+        got = solutions.majority_with_coin_ties_symbolic(n)
+        difference = sp.expand(sp.sympify(got).doit() - want)
+        assert difference == 0, (
+            f"expected the vote of {n} with coin ties to be right with probability {sp.expand(want)}, "
+            f"got {sp.expand(sp.sympify(got).doit())}")
 
 
 def exercise_2_plugin_estimator_is_biased_low(solutions) -> None:
