@@ -19,8 +19,19 @@
 # hints), and `llmbook grade 03` runs the chapter's checks on your file: one row per
 # exercise, *passed*, *failed* with what was expected and what came back, or *not
 # attempted*. They are the same checks the test suite runs on the reference solutions in
-# `notebooks/solutions/`, so look there after your own attempt, not before. The README's
-# "Doing the exercises" says more.
+# `notebooks/solutions/`, so look there after your own attempt, not before. You can also
+# answer inside a chapter: its last cell, `grade("03", globals())`, grades each function you
+# define in the notebook under an exercise's name (the book's solution stands in for the
+# rest, and its row says so). The README's "Doing the exercises" says more.
+#
+# Beyond the exercises, a build-it-yourself track has one unit per Part in which you write
+# the Part's core yourself: a byte-level BPE tokenizer; softmax, attention, RoPE, RMSNorm,
+# SwiGLU and a decoder block; cross-entropy's backward pass and AdamW; top-p sampling, a KV
+# cache and NF4; the DPO loss and GAE; a ring all-reduce. `llmbook exercises build-II` writes
+# Part II's stub, and `llmbook grade build-II` compares your code with the production
+# libraries the chapters use (`tokenizers`, `transformers`, `torch.optim`,
+# `torch.distributed`, TRL) and ends with your pieces working together: for Part II, your
+# block in every layer of SmolLM2 must give the model's own next-token distribution.
 #
 # ## How to run the book
 #
@@ -165,6 +176,9 @@ plt.show()
 # Reference solutions are in `notebooks/solutions/00_preface.py`; `llmbook exercises 00`
 # writes your stub and `llmbook grade 00` grades it with the checks the reference passes
 # (`llmbook/workbench/checks/ch00.py`, run on the reference by `tests/test_solutions_00.py`).
+# Or answer in the notebook itself: the cell after this list grades each function defined
+# here under an exercise's name, and the book's solution where there is none (marked "the
+# book's"); every chapter ends with such a cell.
 #
 # 1. (★) **The derivative of tanh.** Derive $\frac{d}{dx}\tanh(x)$ with SymPy and show it
 #    equals $1-\tanh^2(x)$. Then verify it against autograd in float64 on 101 points, as above.
@@ -174,3 +188,8 @@ plt.show()
 #    $[-20, 20]$ in float64. Where is the relative error largest, what tolerance is honest,
 #    and why? Bound the error from the rounding of $1 + e^{x}$, then compare with
 #    `torch.log1p(torch.exp(x))`.
+
+# %%
+from llmbook.workbench import grade
+
+grade("00", globals())

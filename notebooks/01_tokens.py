@@ -1174,8 +1174,12 @@ claims
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/01_tokens.py` and are checked by
-# `tests/test_solutions_01.py`.
+# Reference solutions are in `notebooks/solutions/01_tokens.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 01` writes a stub
+# of every function, `llmbook grade 01` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_01.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **UTF-8 by hand.** Write `utf8_length(cp)` that returns the UTF-8 length of a
 #    code point from its value alone (no `.encode`), and `utf8_encode(cp)` that returns
@@ -1200,3 +1204,8 @@ claims
 #    centred reference rows as the direction of "unused", and returns the `k` other rows with
 #    the highest cosine similarity to it (ids and cosines). Run it on SmolLM2's embedding with
 #    the reserved ids 7 to 16: how many of its ten agree with the chapter's ten?
+
+# %%
+from llmbook.workbench import grade
+
+grade("01", globals())

@@ -718,8 +718,12 @@ aniso_checks
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/02_embeddings.py` and are checked by
-# `tests/test_solutions_02.py`.
+# Reference solutions are in `notebooks/solutions/02_embeddings.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 02` writes a stub
+# of every function, `llmbook grade 02` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_02.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **Nearest neighbours.** Write `nearest_neighbours(E, i, k)` returning the indices of
 #    the $k$ rows of $E$ with the highest cosine to row $i$, excluding $i$ itself, ties broken
@@ -745,3 +749,8 @@ aniso_checks
 #    $k$ right singular vectors). Check that the squared length removed equals the sum of the
 #    $k$ largest eigenvalues of the centred rows' scatter matrix, then measure on SmolLM2's
 #    sample of section 2.7 how the mean cosine and its spread change for $k = 0, 1, 2, 5, 10$.
+
+# %%
+from llmbook.workbench import grade
+
+grade("02", globals())

@@ -621,8 +621,12 @@ for n in orders:
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/03_language_modelling.py`, checked by
-# `tests/test_solutions_03.py`.
+# Reference solutions are in `notebooks/solutions/03_language_modelling.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 03` writes a stub
+# of every function, `llmbook grade 03` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_03.py` runs
+# the same checks on the reference.
 #
 # 1. (★★) **The shift needs no gradient.** `logsumexp` detaches its shift $m = \max_j z_j$.
 #    Show that it may: with SymPy, for $V = 3$, let $m(z_1, z_2, z_3)$ be an *arbitrary*
@@ -645,3 +649,8 @@ for n in orders:
 #    $q, p$ on three outcomes, $H(q, p) = H(q) + \mathrm{KL}(q \,\|\, p)$, and that the KL
 #    term is zero at $p = q$ and positive elsewhere on a grid. This is why the entropy rate
 #    is a floor.
+
+# %%
+from llmbook.workbench import grade
+
+grade("03", globals())

@@ -1205,8 +1205,12 @@ checks
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/04_attention.py` and are checked by
-# `tests/test_solutions_04.py`.
+# Reference solutions are in `notebooks/solutions/04_attention.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 04` writes a stub
+# of every function, `llmbook grade 04` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_04.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **Padding masks.** A batch holds sequences of different lengths, padded to a common
 #    $T$. Write `padding_mask(lengths, T)` returning a boolean mask of shape $(B, 1, 1, T)$
@@ -1237,3 +1241,8 @@ checks
 #    whose value vector is zero. Write `sink_as_extra_key(q, k, v, sinks, mask)` with
 #    `scaled_dot_product_attention` and a float mask that adds $s_h$ to the extra key's score,
 #    and check it against `sink_attention_weights(...)[0] @ v`.
+
+# %%
+from llmbook.workbench import grade
+
+grade("04", globals())

@@ -888,8 +888,12 @@ for label, st in stretch.items():
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/05_positions.py` and are checked by
-# `tests/test_solutions_05.py`.
+# Reference solutions are in `notebooks/solutions/05_positions.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 05` writes a stub
+# of every function, `llmbook grade 05` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_05.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **Sinusoidal dot products.** Show that $\mathrm{PE}_m \cdot \mathrm{PE}_n =
 #    \sum_i \cos\big((m - n)\,\omega_i\big)$, so this dot product depends only on the offset.
@@ -916,3 +920,8 @@ for label, st in stretch.items():
 #    with `rope_inverse_frequencies` that every pair with $r_j > 32$ keeps its frequency and
 #    every pair with $r_j < 1$ is slowed by exactly 8. How many pairs lie in between, and why
 #    is it about $\ln 32 / \ln b^{2/d_k}$?
+
+# %%
+from llmbook.workbench import grade
+
+grade("05", globals())

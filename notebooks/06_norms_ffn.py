@@ -955,8 +955,12 @@ print(f"with PyTorch's default eps = 1e-5 instead of 0 the outputs would move by
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/06_norms_ffn.py` and are checked by
-# `tests/test_solutions_06.py`.
+# Reference solutions are in `notebooks/solutions/06_norms_ffn.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 06` writes a stub
+# of every function, `llmbook grade 06` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_06.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **LayerNorm from RMSNorm.** Write `layer_norm_via_rms_norm(x, weight, bias, eps)`
 #    that computes LayerNorm using only `RMSNorm` from `llmbook.transformer.layers` and a mean, and check
@@ -977,3 +981,8 @@ print(f"with PyTorch's default eps = 1e-5 instead of 0 the outputs would move by
 #    (symbolic $x$ and $\varepsilon$), write `rms_norm_jacobian_condition_number(x, eps)`
 #    $= r^2/\varepsilon$, and check it against `torch.linalg.cond` of `rms_norm_jacobian`.
 #    What does it say about how far gradients along $x$ are damped?
+
+# %%
+from llmbook.workbench import grade
+
+grade("06", globals())

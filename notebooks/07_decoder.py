@@ -1300,8 +1300,12 @@ checks
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/07_decoder.py` and are checked by
-# `tests/test_solutions_07.py`.
+# Reference solutions are in `notebooks/solutions/07_decoder.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 07` writes a stub
+# of every function, `llmbook grade 07` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_07.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **A width for a budget.** For a GPT-2-style model with $L = 24$, $V = 50257$ and
 #    $T_{max} = 1024$, solve $N(d) = 350 \cdot 10^6$ for $d$ with SymPy (use the collapsed
@@ -1337,3 +1341,8 @@ checks
 #    cross-entropy), multiply the output matrix of section 7.6's Gemma 2 model by 10 and by
 #    100, and show that with the cap ($c = 5$) the worst loss stays under the bound, and
 #    without it (the same weights, `final_softcap=None`) it grows past it.
+
+# %%
+from llmbook.workbench import grade
+
+grade("07", globals())

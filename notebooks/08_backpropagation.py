@@ -882,8 +882,12 @@ checks
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/08_backpropagation.py` and are checked by
-# `tests/test_solutions_08.py`.
+# Reference solutions are in `notebooks/solutions/08_backpropagation.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 08` writes a stub
+# of every function, `llmbook grade 08` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_08.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **Softplus without overflow.** Using only `Value` operations, write `softplus(x)`
 #    $= \log(1 + e^x)$ so that it works for $x = 800$ (where $e^x$ overflows float64).
@@ -904,3 +908,8 @@ checks
 #    $(x, e_i)$ yields $\partial f / \partial x_i$. Use it to compute the full gradient of the
 #    loss of the section 8.8 MLP (one forward-mode pass per parameter) and check it against
 #    `Value.backward()`. How many passes did forward mode need, and how many did reverse mode?
+
+# %%
+from llmbook.workbench import grade
+
+grade("08", globals())

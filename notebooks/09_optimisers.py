@@ -1030,8 +1030,12 @@ plt.show()
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/09_optimisers.py` and are checked by
-# `tests/test_solutions_09.py`.
+# Reference solutions are in `notebooks/solutions/09_optimisers.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 09` writes a stub
+# of every function, `llmbook grade 09` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_09.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **How far does momentum go?** With a constant gradient $g$, show that after $t$
 #    steps of SGD with momentum $\mu$ (no dampening) the parameters have moved by
@@ -1067,3 +1071,8 @@ plt.show()
 #    `cubic_steps_needed(x, tol)` (the scalar iteration), and check that the steps needed
 #    for matrices with condition numbers 10 and 1000 are those the smallest $x_i$ needs.
 #    How far from $UV^\top$ is the quintic of Muon after its 5 steps?
+
+# %%
+from llmbook.workbench import grade
+
+grade("09", globals())

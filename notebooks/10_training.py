@@ -1130,8 +1130,12 @@ checks
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/10_training.py` and are checked by
-# `tests/test_solutions_10.py`.
+# Reference solutions are in `notebooks/solutions/10_training.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 10` writes a stub
+# of every function, `llmbook grade 10` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_10.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **The token budget.** Write `tokens_and_epochs(steps, batch_size, context_length,
 #    num_tokens)` returning the number of training tokens a run processes and how many
@@ -1169,3 +1173,8 @@ checks
 #    $2\log Z/n$ per position (the gradient a bias shared by all logits would receive). Write
 #    `logit_shift_for_zero_z(logits)` returning the shift $c = -\log Z$ per position, and
 #    show that the shifted logits have z-loss 0 and the same cross-entropy.
+
+# %%
+from llmbook.workbench import grade
+
+grade("10", globals())

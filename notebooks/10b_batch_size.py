@@ -514,8 +514,12 @@ claims
 # %% [markdown]
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/10b_batch_size.py` and are checked by
-# `tests/test_solutions_10b.py`.
+# Reference solutions are in `notebooks/solutions/10b_batch_size.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 10b` writes a stub
+# of every function, `llmbook grade 10b` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_10b.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **The weighting error in closed form.** Write `weighting_gap(counts, means)`
 #    returning (the right loss, the naive loss) of micro-batches with token counts $n_k$ and
@@ -526,3 +530,8 @@ claims
 # 3. (★★) **Time and compute at the critical batch.** Write `steps_and_examples(fit, B)` for
 #    a `TradeoffFit` and show that at $B = B_{crit}$ a run takes exactly $2S_{min}$ steps and
 #    $2E_{min}$ examples. What do $B = B_{crit}/4$ and $B = 4B_{crit}$ cost?
+
+# %%
+from llmbook.workbench import grade
+
+grade("10b", globals())

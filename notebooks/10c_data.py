@@ -727,8 +727,12 @@ checks
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/10c_data.py` and are checked by
-# `tests/test_solutions_10c.py`.
+# Reference solutions are in `notebooks/solutions/10c_data.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 10c` writes a stub
+# of every function, `llmbook grade 10c` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_10c.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **Choosing the bands.** With $k = br = 128$ hash functions, write
 #    `choose_bands(k, target)` returning the factorisation $(b, r)$ of $k$ whose
@@ -745,3 +749,8 @@ checks
 #    `suffix_array(tokens)` (sort the suffixes) and `longest_repeat(tokens)` returning the
 #    start positions and length of the longest token run that occurs twice (overlaps
 #    allowed), using adjacent suffixes in the array; check it against brute force.
+
+# %%
+from llmbook.workbench import grade
+
+grade("10c", globals())

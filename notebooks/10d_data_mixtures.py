@@ -411,8 +411,12 @@ claims
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/10d_data_mixtures.py` and are checked by
-# `tests/test_solutions_10d.py`.
+# Reference solutions are in `notebooks/solutions/10d_data_mixtures.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 10d` writes a stub
+# of every function, `llmbook grade 10d` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_10d.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **How hot?** Write `alpha_for_max_epochs(sizes, budget, max_epochs)` returning the
 #    smallest $\alpha \in [0, 1]$ at which no source is read more than `max_epochs` times
@@ -425,3 +429,8 @@ claims
 # 3. (★★) **The redundant parameter.** Show in SymPy that on the simplex
 #    $k\,e^{\sum_j t_j r_j} = k e^{s} e^{\sum_j (t_j - s) r_j}$ for every $s$, and write
 #    `canonical_law(fit)` returning the same law with $t_{iK} = 0$ for every $i$.
+
+# %%
+from llmbook.workbench import grade
+
+grade("10d", globals())

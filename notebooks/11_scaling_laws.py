@@ -1208,8 +1208,12 @@ plt.show()
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/11_scaling_laws.py` and are checked by
-# `tests/test_solutions_11.py`.
+# Reference solutions are in `notebooks/solutions/11_scaling_laws.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 11` writes a stub
+# of every function, `llmbook grade 11` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_11.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **The price of the wrong size.** Train a model $k$ times larger than $N_{opt}$ on
 #    $k$ times fewer tokens (same $C$). Show with SymPy that the *fraction* by which the
@@ -1237,3 +1241,8 @@ plt.show()
 #    the loss of the compute-optimal 7B model and then serve $D_{inf}$ tokens. For
 #    $D_{inf} = 0$, $10^{12}$, $10^{13}$ and $10^{14}$, find the inference-optimal $N$ and $D$,
 #    and the fraction of lifetime compute saved against serving the 7B model.
+
+# %%
+from llmbook.workbench import grade
+
+grade("11", globals())

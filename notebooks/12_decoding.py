@@ -1459,6 +1459,13 @@ checks
 #
 # ## Exercises
 #
+# Reference solutions are in `notebooks/solutions/12_decoding.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 12` writes a stub
+# of every function, `llmbook grade 12` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_12.py` runs
+# the same checks on the reference.
+#
 # 1. (★★) **Locally typical sampling.** Meister et al. (2023, "Locally Typical
 #    Sampling") keep the tokens whose surprisal $-\log p(x)$ is closest to the entropy $H$
 #    of the distribution: sort the tokens by $|{-\log p(x)} - H|$ and keep the shortest
@@ -1482,5 +1489,8 @@ checks
 #    programming over the states of `compile_regex(pattern)` (carry a count per state, one
 #    character at a time). How many strings does the calendar pattern of section 12.10
 #    accept, how many of them fall in one year, and how many dates has a year?
-#
-# Reference solutions: `notebooks/solutions/12_decoding.py`.
+
+# %%
+from llmbook.workbench import grade
+
+grade("12", globals())

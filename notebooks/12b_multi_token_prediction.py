@@ -413,8 +413,12 @@ claims
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/12b_multi_token_prediction.py` and are
-# checked by `tests/test_solutions_12b.py`.
+# Reference solutions are in `notebooks/solutions/12b_multi_token_prediction.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 12b` writes a stub
+# of every function, `llmbook grade 12b` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_12b.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **The price of the heads.** Write `extra_flops_fraction(config, n_future, seq_len)`:
 #    the forward FLOPs of `ParallelMTP(config, n)` over those of its next-token model, minus
@@ -430,3 +434,8 @@ claims
 #    num_tokens)`: the plug-in estimate of $H(X_{t+k}\mid\text{context at } t)$ from counts in
 #    a sample. Show it comes within 0.02 nats of `head_entropy_floors` with 200,000 tokens,
 #    and explain why it is biased low.
+
+# %%
+from llmbook.workbench import grade
+
+grade("12b", globals())

@@ -1288,6 +1288,13 @@ print(f"keys: largest channel / median channel (absmax over tokens), median over
 #
 # ## Exercises
 #
+# Reference solutions are in `notebooks/solutions/13_kv_cache.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 13` writes a stub
+# of every function, `llmbook grade 13` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_13.py` runs
+# the same checks on the reference.
+#
 # 1. (★) **How many sequences fit?** Write `max_batch(budget_bytes, n_layers,
 #    n_kv_heads, d_head, seq_len, bytes_per_element)`, the largest batch whose KV cache fits
 #    in the budget. How many 8192-token sequences of Llama 3 70B fit in 40 GiB of cache in
@@ -1315,5 +1322,8 @@ print(f"keys: largest channel / median channel (absmax over tokens), median over
 #    request is written (the prompt's own cache included), and check it against a
 #    `PagePool`. How many pages do 8 requests of 1,000 tokens with a 600-token common prompt
 #    need with pages of 16, with and without sharing?
-#
-# Reference solutions: `notebooks/solutions/13_kv_cache.py`.
+
+# %%
+from llmbook.workbench import grade
+
+grade("13", globals())

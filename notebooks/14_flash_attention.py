@@ -829,8 +829,12 @@ checks
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/14_flash_attention.py` and are checked by
-# `tests/test_solutions_14.py`.
+# Reference solutions are in `notebooks/solutions/14_flash_attention.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 14` writes a stub
+# of every function, `llmbook grade 14` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_14.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **Merging normalised results.** Kernels often keep a block's result normalised:
 #    its log-sum-exp $L = m + \log\ell$ and output $O = o/\ell$. Show that two such results
@@ -857,3 +861,8 @@ checks
 #    through `flash_attention_masked` and `flex_attention`, and check the output against
 #    SDPA with the equivalent boolean mask and the tile counts against the `BlockMask`. Which
 #    tiles above the diagonal are no longer skipped?
+
+# %%
+from llmbook.workbench import grade
+
+grade("14", globals())

@@ -1816,8 +1816,12 @@ for kind, X_all in inputs.items():
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/15_quantisation.py` and are checked by
-# `tests/test_solutions_15.py`.
+# Reference solutions are in `notebooks/solutions/15_quantisation.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 15` writes a stub
+# of every function, `llmbook grade 15` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_15.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **Six decibels per bit.** For $x \sim U[-A, A]$ and $b$-bit absmax quantisation,
 #    derive in SymPy the signal-to-quantisation-noise ratio
@@ -1840,3 +1844,8 @@ for kind, X_all in inputs.items():
 #    $s = \mathrm{E4M3}(\max|x|/6)$. Write `quantize_nvfp4(x)` with `round_to_float` (it returns
 #    the dequantised tensor) and compare its error with MXFP4's on Gaussian data. How many bits
 #    per weight does each store, and where does NVFP4's lower error come from?
+
+# %%
+from llmbook.workbench import grade
+
+grade("15", globals())

@@ -773,8 +773,12 @@ checks
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/16_lora.py` and are checked by
-# `tests/test_solutions_16.py`.
+# Reference solutions are in `notebooks/solutions/16_lora.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 16` writes a stub
+# of every function, `llmbook grade 16` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_16.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **Break-even ranks.** Find, with SymPy, the rank $r$ at which an adapter has as many
 #    parameters as $W$ itself, and the rank at which LoRA's mixed-precision training memory
@@ -789,3 +793,8 @@ checks
 #    after the other. Show that the result does not depend on the order, that the combined
 #    update has rank at most $r_1 + r_2$, and that it equals a single adapter of rank
 #    $r_1 + r_2$ whose $B$ and $A$ stack those of the two (with the scalings folded into $B$).
+
+# %%
+from llmbook.workbench import grade
+
+grade("16", globals())

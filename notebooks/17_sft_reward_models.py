@@ -847,8 +847,12 @@ plt.show()
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/17_sft_reward_models.py` and are checked by
-# `tests/test_solutions_17.py`.
+# Reference solutions are in `notebooks/solutions/17_sft_reward_models.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 17` writes a stub
+# of every function, `llmbook grade 17` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_17.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **Per-sequence normalisation.** Write `per_sequence_sft_loss`, the mean over
 #    sequences of each sequence's mean token loss. Show with SymPy that for two sequences of
@@ -865,3 +869,8 @@ plt.show()
 #    derivatives; why does Newton converge from $a = 0$?). Check that $\hat a \approx s$.
 # 4. (★) **Packing efficiency.** Write `padding_fraction(batch)` and compare the two packing
 #    strategies on 60 examples of random lengths between 2 and 40 in rows of 64.
+
+# %%
+from llmbook.workbench import grade
+
+grade("17", globals())

@@ -894,8 +894,12 @@ checks
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/18_rlhf_ppo.py` and are checked by
-# `tests/test_solutions_18.py`.
+# Reference solutions are in `notebooks/solutions/18_rlhf_ppo.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 18` writes a stub
+# of every function, `llmbook grade 18` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_18.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **The best constant baseline.** For the 5-action policy of 18.2, write the total
 #    variance $\sigma_b^2$ of the single-sample estimator as a function of $b$ and show that it is
@@ -925,3 +929,8 @@ checks
 #    the $\varepsilon^*$ below which $\mathrm{Var}[k_3] > \mathrm{Var}[k_1]$, by bisection on the
 #    exact gap from `kl_estimator_variances`, and check it against SymPy's root of $L = 2$. Does
 #    a reference that gives the token more than $\tfrac12$ move $\varepsilon^*$ up or down?
+
+# %%
+from llmbook.workbench import grade
+
+grade("18", globals())

@@ -423,8 +423,12 @@ plt.show()
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/18b_reward_overoptimisation.py` and are
-# checked by `tests/test_solutions_18b.py`.
+# Reference solutions are in `notebooks/solutions/18b_reward_overoptimisation.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 18b` writes a stub
+# of every function, `llmbook grade 18b` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_18b.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **Best-of-$n$ of a Gaussian proxy.** If the proxy score is standard normal under the
 #    base policy, best-of-$n$'s expected proxy score is the mean of the maximum of $n$ normals
@@ -442,3 +446,8 @@ plt.show()
 #    $1/(1+s^2)$ of its proxy gain in gold: gold never falls. Check it with the pool estimator on
 #    simulated pools for $s = 0.5$ and $s = 2$. What would a proxy error need to do to make gold
 #    fall?
+
+# %%
+from llmbook.workbench import grade
+
+grade("18b", globals())

@@ -1026,8 +1026,12 @@ checks
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/19_dpo.py` and are checked by
-# `tests/test_solutions_19.py`.
+# Reference solutions are in `notebooks/solutions/19_dpo.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 19` writes a stub
+# of every function, `llmbook grade 19` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_19.py` runs
+# the same checks on the reference.
 #
 # 1. (★★) **IPO's optimum.** For a single pair $(a, b)$ in which $a$ is preferred with
 #    probability $p$, write the expected DPO loss $-p\log\sigma(\beta h) - (1-p)\log\sigma(-\beta h)$
@@ -1047,3 +1051,8 @@ checks
 #    $-\mathbb E[\hat r_w - \hat r_l]$). Show that DPO converges to $\pi^*$, while the
 #    unweighted loss is unbounded below: its policy collapses onto a single response, and not
 #    even the one with the highest reward.
+
+# %%
+from llmbook.workbench import grade
+
+grade("19", globals())

@@ -442,8 +442,12 @@ claims
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/19b_constitutional_ai.py` and are checked
-# by `tests/test_solutions_19b.py`.
+# Reference solutions are in `notebooks/solutions/19b_constitutional_ai.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 19b` writes a stub
+# of every function, `llmbook grade 19b` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_19b.py` runs
+# the same checks on the reference.
 #
 # 1. (★★) **Position bias from order disagreement.** Under the judge model of 19b.3, write
 #    the probability that the two orders of one pair pick the same text (a consistent
@@ -456,3 +460,8 @@ claims
 #    Compute it with SymPy for the judge model of 19b.3, and show that the number of AI
 #    labels worth one true label is $1/((1-b)(1-2\varepsilon))^2$. How many labels from a
 #    judge with $b = 0$ that agrees with the true labeller 70% of the time equal one true label?
+
+# %%
+from llmbook.workbench import grade
+
+grade("19b", globals())

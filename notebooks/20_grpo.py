@@ -1101,8 +1101,12 @@ print(f"notebook ran in {time.perf_counter() - began:.0f} s")
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/20_grpo.py` and are checked by
-# `tests/test_solutions_20.py`.
+# Reference solutions are in `notebooks/solutions/20_grpo.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 20` writes a stub
+# of every function, `llmbook grade 20` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_20.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **Even votes.** Break a tie of a two-answer majority vote with a fair coin. Show with
 #    SymPy that $P_{2m}(p) = P_{2m-1}(p)$ for $m = 1, \dots, 6$: an even number of votes adds
@@ -1119,3 +1123,8 @@ print(f"notebook ran in {time.perf_counter() - began:.0f} s")
 #    $n_j$ tokens) is given weight $b_j/N$ and its token mean is used, what weight does each of
 #    its tokens get, relative to the batch's token mean? Predict it and measure it with
 #    autograd through `grpo_loss`.
+
+# %%
+from llmbook.workbench import grade
+
+grade("20", globals())

@@ -891,8 +891,12 @@ checks
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/21_mixture_of_experts.py` and are checked
-# by `tests/test_solutions_21.py`.
+# Reference solutions are in `notebooks/solutions/21_mixture_of_experts.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 21` writes a stub
+# of every function, `llmbook grade 21` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_21.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **How much slack?** Find the smallest capacity factor (on a grid of 0.01) that drops
 #    less than 1 % of the assignments under uniform routing for $n = 4096$ tokens, $k = 2$, and
@@ -908,3 +912,8 @@ checks
 #    DeepSeek-V3's sigmoid scores: write `balance_with_bias(logits_fn, k, rate, steps)` that
 #    returns the final bias and the busiest expert's share per batch, and check that the gates
 #    of every token equal its renormalised *unbiased* sigmoid scores.
+
+# %%
+from llmbook.workbench import grade
+
+grade("21", globals())

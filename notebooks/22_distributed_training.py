@@ -1144,8 +1144,12 @@ claims
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/22_distributed_training.py` and are checked
-# by `tests/test_solutions_22.py`.
+# Reference solutions are in `notebooks/solutions/22_distributed_training.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 22` writes a stub
+# of every function, `llmbook grade 22` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_22.py` runs
+# the same checks on the reference.
 #
 # 1. (★★) **Recursive halving and doubling.** For $p$ a power of two, Rabenseifner's
 #    all-reduce does a reduce-scatter by recursive halving ($\log_2 p$ steps, exchanging
@@ -1172,3 +1176,8 @@ claims
 #    timeline as above (each chunk's forward takes $t_f/v$), and find the smallest $m$ for
 #    which a 16-stage pipeline with $v = 4$ idles less than 5 %. (Solution:
 #    `interleaved_bubble`, `smallest_microbatches`.)
+
+# %%
+from llmbook.workbench import grade
+
+grade("22", globals())

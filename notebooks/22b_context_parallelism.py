@@ -284,8 +284,12 @@ checks
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/22b_context_parallelism.py` and are
-# checked by `tests/test_solutions_22b.py`.
+# Reference solutions are in `notebooks/solutions/22b_context_parallelism.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 22b` writes a stub
+# of every function, `llmbook grade 22b` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_22b.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **Ulysses with grouped-query attention.** With $H$ query heads and $H_{kv}$ key/value
 #    heads, sent unexpanded, derive the bytes per rank of Ulysses, forward and backward, and
@@ -296,3 +300,8 @@ checks
 #    that the last rank does $(p-1)T/p$ more than the first for $T$ a multiple of $p$
 #    (contiguous shards: $(p-1)T^2/p^2$ more), and compare the max/mean imbalance with
 #    contiguous and zig-zag sharding. (Solution: `striped_work_per_rank`.)
+
+# %%
+from llmbook.workbench import grade
+
+grade("22b", globals())

@@ -267,8 +267,12 @@ checks
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/22c_expert_parallelism.py` and are checked
-# by `tests/test_solutions_22c.py`.
+# Reference solutions are in `notebooks/solutions/22c_expert_parallelism.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 22c` writes a stub
+# of every function, `llmbook grade 22c` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_22c.py` runs
+# the same checks on the reference.
 #
 # 1. **Uneven ranks.** With $n_r$ tokens on rank $r$ and uniform routing, derive the expected
 #    bytes rank $r$ sends in one step (dispatch and combine, forward and backward). Show that
@@ -282,3 +286,8 @@ checks
 # 3. **Split invariance.** Show with `keep_mask_across_ranks` that the global rule's dropped
 #    set does not depend on how the batch is split over ranks (1, 2, 3 or 4 ranks), while the
 #    local rule's does.
+
+# %%
+from llmbook.workbench import grade
+
+grade("22c", globals())

@@ -231,8 +231,12 @@ checks
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/22d_torch_peers.py` and are checked by
-# `tests/test_solutions_22d.py`.
+# Reference solutions are in `notebooks/solutions/22d_torch_peers.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 22d` writes a stub
+# of every function, `llmbook grade 22d` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_22d.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **The greedy partition.** Write the partition that `ZeroRedundancyOptimizer` uses
 #    (parameters sorted by size, largest first, each given to the rank with the fewest elements
@@ -248,3 +252,8 @@ checks
 #    one gathered unit and its full bfloat16 gradient) and find the smallest $L$ for which the
 #    gathered unit and its gradient are under 10 % of the total at $N = 8$.
 #    (Solution: `sharded_peak_bytes`, `smallest_units`.)
+
+# %%
+from llmbook.workbench import grade
+
+grade("22d", globals())

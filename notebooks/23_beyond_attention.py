@@ -733,8 +733,12 @@ for name in ("mamba", "transformer"):
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/23_beyond_attention.py` and are checked by
-# `tests/test_solutions_23.py`.
+# Reference solutions are in `notebooks/solutions/23_beyond_attention.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 23` writes a stub
+# of every function, `llmbook grade 23` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_23.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **Linear attention with decay.** RetNet-like models (Sun et al., 2023, "Retentive
 #    Network") let the state forget: $S_t = \gamma S_{t-1} + \phi(k_t)v_t^\top$,
@@ -752,3 +756,8 @@ for name in ("mamba", "transformer"):
 #    agrees with zero-order hold up to and including the $\Delta^2$ terms and find the
 #    leading $\Delta^3$ difference of $\bar A$ and of $\bar B$; implement it and compare the
 #    two kernels for a small and a large $\Delta$.
+
+# %%
+from llmbook.workbench import grade
+
+grade("23", globals())

@@ -332,8 +332,12 @@ plt.show()
 #
 # ## Exercises
 #
-# Reference solutions are in `notebooks/solutions/23b_mamba2_ssd.py` and are checked by
-# `tests/test_solutions_23b.py`.
+# Reference solutions are in `notebooks/solutions/23b_mamba2_ssd.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 23b` writes a stub
+# of every function, `llmbook grade 23b` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_23b.py` runs
+# the same checks on the reference.
 #
 # 1. (★) **No decay is linear attention.** Set $a_t = 1$ for all $t$. Show that the SSD is then
 #    causal linear attention without the normaliser, $y = \operatorname{tril}(CB^\top)x$ (chapter
@@ -347,3 +351,8 @@ plt.show()
 #    as functions of the model's sizes, and find the shortest context for which the KV cache
 #    is larger, for the two models of section 23b.4 and for the same transformer with
 #    grouped-query attention (4 key-value heads).
+
+# %%
+from llmbook.workbench import grade
+
+grade("23b", globals())

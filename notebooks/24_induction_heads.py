@@ -713,6 +713,13 @@ claims
 #
 # ## Exercises
 #
+# Reference solutions are in `notebooks/solutions/24_induction_heads.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 24` writes a stub
+# of every function, `llmbook grade 24` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_24.py` runs
+# the same checks on the reference.
+#
 # 1. **The positional shortcut.** Build a *one-layer* attention-only model with learned
 #    one-hot positions that predicts the repeat of `repeated_tokens` data perfectly for one
 #    fixed $L$ (attend from $t$ to $t - L + 1$), and show that it fails for another $L$. This
@@ -725,3 +732,8 @@ claims
 #    $V = 16$, $L = 12$.
 #
 # Solutions: `notebooks/solutions/24_induction_heads.py`.
+
+# %%
+from llmbook.workbench import grade
+
+grade("24", globals())

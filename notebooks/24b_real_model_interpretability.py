@@ -428,6 +428,13 @@ claims
 #
 # ## Exercises
 #
+# Reference solutions are in `notebooks/solutions/24b_real_model_interpretability.py`: look after trying. To
+# grade your own answers, write them in a workspace (`llmbook exercises 24b` writes a stub
+# of every function, `llmbook grade 24b` grades it) or in this notebook: the cell after
+# this list grades each function defined here under an exercise's name, and the book's
+# solution where there is none (marked "the book's"). `tests/test_solutions_24b.py` runs
+# the same checks on the reference.
+#
 # 1. **A second pair.** Patch "The capital of Japan is" into "The capital of Spain is"
 #    (metric logit(" Tokyo") - logit(" Madrid")) and write `move_site(recovered, position)`,
 #    the first site where the last position recovers more than half. Is it the same block?
@@ -442,3 +449,8 @@ claims
 #    unit that writes most of " Rome" over " Paris" for "The capital of Italy is".
 #
 # Solutions: `notebooks/solutions/24b_real_model_interpretability.py`.
+
+# %%
+from llmbook.workbench import grade
+
+grade("24b", globals())

@@ -478,7 +478,7 @@ those that read the book's shipped data or models need the clone).
 **Grade your answers to the exercises.** `llmbook exercises {number}` writes a stub of the
 functions to write into `llmbook-work/`; `llmbook grade {number}` runs the checks the
 reference solutions pass on your file, one row per exercise (the README's "Doing the
-exercises").
+exercises"). In the notebook, the chapter's last cell grades the functions you define there.
 ```"""
 
 
