@@ -1,5 +1,6 @@
 """The build-it-yourself unit of Part IV (inference): its checks pass on the reference (the
-book's own code plugged in, ``llmbook/workbench/units/build4_inference.py``), each fails on
+book's own code plugged in, ``llmbook/workbench/units/build4_inference.py``) and on a plain
+version of every function written here from the docstrings alone, as a reader would; each fails on
 a planted bug with a message that names the problem while the exercises that do not use
 the broken function still pass, every exercise has a check, and the generated stub grades
 as not attempted."""
@@ -37,6 +38,125 @@ def _uses(name: str) -> set[str]:
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_the_reference_passes(name: str) -> None:
     CHECKS[name](reference)
+
+
+# ---------------------------------------------------------------- a reader's plain version
+# Every function written from the reference's docstrings alone, with torch and math only.
+
+def plain_apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return logits / temperature
+
+
+def plain_top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    if not 0 < p <= 1:
+        raise ValueError(f"p must be in (0, 1], got {p}")
+    probs = torch.softmax(logits.double(), dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # the mass before each token
+    keep_sorted = before < p
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+def plain_top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    top = torch.sort(logits, dim=-1, descending=True, stable=True).indices[..., :k]
+    keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, top, True)
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+class PlainKVCache:
+    def __init__(self, n_layers, batch_size, n_kv_heads, max_seq_len, d_head, dtype=torch.float32):
+        self.n_layers, self.batch_size, self.n_kv_heads = n_layers, batch_size, n_kv_heads
+        self.max_seq_len, self.d_head = max_seq_len, d_head
+        self.length = 0
+        shape = (batch_size, n_kv_heads, max_seq_len, d_head)
+        self.keys = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype) for _ in range(n_layers)]
+
+    def update(self, layer, k, v):
+        end = self.length + k.shape[2]
+        if end > self.max_seq_len:
+            raise ValueError(f"{self.length} cached + {k.shape[2]} new > max_seq_len {self.max_seq_len}")
+        self.keys[layer][:, :, self.length:end] = k
+        self.values[layer][:, :, self.length:end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def advance(self, num_positions):
+        self.length += num_positions
+
+
+def plain_cached_attention(q, k, v, cache, layer):
+    keys, values = cache.update(layer, k, v)
+    groups = q.shape[1] // keys.shape[1]
+    keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+    T, T_k = q.shape[-2], keys.shape[-2]
+    scores = q @ keys.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    allowed = torch.ones(T, T_k, dtype=torch.bool).tril(diagonal=T_k - T)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ values
+
+
+def plain_absmax_quantize(x, block_size=None):
+    n = x.shape[-1]
+    block = n if block_size is None else block_size
+    if n % block:
+        raise ValueError(f"block_size {block} does not divide {n}")
+    xb = x.reshape(*x.shape[:-1], n // block, block)
+    scale = xb.abs().amax(dim=-1) / 127
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.round(xb / scale[..., None]).clamp(-127, 127).to(torch.int8)
+    return q.reshape(x.shape), scale
+
+
+def plain_absmax_dequantize(q, scale):
+    n, n_blocks = q.shape[-1], scale.shape[-1]
+    qb = q.reshape(*q.shape[:-1], n_blocks, n // n_blocks).to(scale.dtype)
+    return (qb * scale[..., None]).reshape(q.shape)
+
+
+def plain_nf4_levels():
+    normal = torch.distributions.Normal(torch.tensor(0.0, dtype=torch.float64),
+                                        torch.tensor(1.0, dtype=torch.float64))
+    offset = 1 - (1 / 32 + 1 / 30) / 2
+    positive = normal.icdf(torch.linspace(offset, 0.5, 9, dtype=torch.float64)[:-1])
+    negative = -normal.icdf(torch.linspace(offset, 0.5, 8, dtype=torch.float64)[:-1])
+    levels = torch.cat([negative, torch.zeros(1, dtype=torch.float64), positive]).sort().values
+    return levels / levels.max()
+
+
+def plain_nf4_quantize(x, block_size=64):
+    n = x.shape[-1]
+    if n % block_size:
+        raise ValueError(f"block_size {block_size} does not divide {n}")
+    blocks = x.reshape(*x.shape[:-1], n // block_size, block_size)
+    absmax = blocks.abs().amax(dim=-1, keepdim=True)
+    absmax = torch.where(absmax == 0, torch.ones_like(absmax), absmax)
+    levels = plain_nf4_levels().to(x.dtype)
+    nearest = ((blocks / absmax)[..., None] - levels).abs().argmin(dim=-1)
+    return (levels[nearest] * absmax).reshape(x.shape)
+
+
+PLAIN = types.SimpleNamespace(
+    apply_temperature=plain_apply_temperature, top_p_filter=plain_top_p_filter,
+    top_k_filter=plain_top_k_filter, KVCache=PlainKVCache, cached_attention=plain_cached_attention,
+    absmax_quantize=plain_absmax_quantize, absmax_dequantize=plain_absmax_dequantize,
+    nf4_levels=plain_nf4_levels, nf4_quantize=plain_nf4_quantize)
+
+
+def test_the_plain_version_covers_every_public_name() -> None:
+    public = {n for n, v in vars(reference).items()
+              if not n.startswith("_") and (inspect.isfunction(v) or inspect.isclass(v))
+              and v.__module__ == reference.__name__}
+    assert public == set(vars(PLAIN)), public ^ set(vars(PLAIN))
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_a_plain_version_passes_too(name: str) -> None:
+    CHECKS[name](PLAIN)
 
 
 # ---------------------------------------------------------------- planted bugs

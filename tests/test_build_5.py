@@ -1,4 +1,5 @@
-"""The build-it-yourself unit of Part V (alignment): its reference passes every check, and
+"""The build-it-yourself unit of Part V (alignment): its reference passes every check, so does
+a plain version of every function written here from the docstrings alone (torch only), and
 planted bugs fail the check of their exercise alone, with a message that names the problem.
 
 The reference (``llmbook/workbench/units/build5_alignment.py``) is the book's code plugged
@@ -38,6 +39,68 @@ def _number(name: str) -> int:
 @pytest.mark.parametrize("name", CHECKS)
 def test_reference_passes(name: str) -> None:
     getattr(checks, name)(reference)
+
+
+# ---------------------------------------------------------------- a reader's plain version
+# Every function written from the reference's docstring alone, with torch only.
+
+
+def plain_completion_logprobs(logits, input_ids, completion_mask):
+    logp = torch.log_softmax(logits[:, :-1], dim=-1)  # position t - 1 predicts token t
+    picked = logp.gather(-1, input_ids[:, 1:, None])[..., 0]  # (B, T - 1)
+    keep = completion_mask[:, 1:].bool()
+    return torch.where(keep, picked, torch.zeros_like(picked)).sum(dim=1)
+
+
+def plain_dpo_loss(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, beta):
+    r_w = beta * (policy_chosen_logps - ref_chosen_logps)
+    r_l = beta * (policy_rejected_logps - ref_rejected_logps)
+    loss = -F.logsigmoid(r_w - r_l).mean()
+    return loss, r_w.detach(), r_l.detach()
+
+
+def plain_gae(rewards, values, gamma, lam, mask):
+    on = mask.bool()
+    B, T = rewards.shape
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros(B, dtype=rewards.dtype)
+    next_advantage = torch.zeros(B, dtype=rewards.dtype)
+    for t in reversed(range(T)):  # backwards; padding counts as value 0 and advantage 0
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        a = delta + gamma * lam * next_advantage
+        a = torch.where(on[:, t], a, torch.zeros_like(a))
+        advantages[:, t] = a
+        next_value = torch.where(on[:, t], values[:, t], torch.zeros_like(a))
+        next_advantage = a
+    returns = torch.where(on, advantages + values, torch.zeros_like(values))
+    return advantages, returns
+
+
+def plain_ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_eps):
+    ratio = torch.exp(logprobs - old_logprobs.detach())
+    adv = advantages.detach()
+    per_token = torch.maximum(-ratio * adv, -ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
+    return per_token[mask.bool()].mean()
+
+
+def plain_dpo_batch_loss(policy, prompts, chosen, rejected, ref_chosen_logps, ref_rejected_logps, beta):
+    n, p = prompts.shape
+    ids = torch.cat([torch.cat([prompts, chosen], 1), torch.cat([prompts, rejected], 1)], 0)  # (2N, P + R)
+    mask = torch.zeros_like(ids)
+    mask[:, p:] = 1
+    logps = plain_completion_logprobs(policy(ids), ids, mask)
+    loss, _, _ = plain_dpo_loss(logps[:n], logps[n:], ref_chosen_logps, ref_rejected_logps, beta)
+    return loss
+
+
+PLAIN = SimpleNamespace(completion_logprobs=plain_completion_logprobs, dpo_loss=plain_dpo_loss,
+                        gae=plain_gae, ppo_clip_loss=plain_ppo_clip_loss,
+                        dpo_batch_loss=plain_dpo_batch_loss)
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_a_plain_version_passes_too(name: str) -> None:
+    getattr(checks, name)(PLAIN)
 
 
 # ---------------------------------------------------------------- planted bugs

@@ -1,9 +1,9 @@
-"""The build-it-yourself unit of Part VI (scale): its reference passes every check on real
-processes, planted bugs fail the check of their exercise with a message that names the
-problem, a deadlock ends with a clear failure instead of a hang, and the reader's functions
-reach the ranks however they were defined (importable module, file loaded by path,
-notebook-like namespace via cloudpickle), in this process and through the grader's
-subprocess.
+"""The build-it-yourself unit of Part VI (scale): its reference, and a plain version written
+from its docstrings alone, pass every check on real processes; planted bugs fail the check of
+their exercise with a message that names the problem; a deadlock ends with a clear failure
+instead of a hang; and the reader's functions reach the ranks however they were defined
+(importable module, file loaded by path, notebook-like namespace via cloudpickle), in this
+process and through the grader's subprocess.
 
 The checks run ``llmbook.scale.launch.run`` on 2 to 4 gloo processes; the first call starts
 the launcher's fork server (a few seconds), later ones take a fraction of a second.
@@ -19,6 +19,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from llmbook.workbench import checks as checks_package
 from llmbook.workbench.solutions import load_module
@@ -45,6 +47,78 @@ def _check(number: int):
 @pytest.mark.parametrize("name", CHECKS)
 def test_reference_passes(name: str) -> None:
     getattr(checks, name)(reference)
+
+
+# ---------------------------------------------------------------- a reader's plain version
+#
+# Written from the reference's docstrings alone, with torch.distributed's point-to-point calls.
+# They live in this (importable) module, so the checks send them to the ranks by reference: the
+# rank imports test_build_6 and looks the plain_ names up there, and so they call one another.
+
+
+def plain_ring_reduce_scatter(tensor):
+    p, r = dist.get_world_size(), dist.get_rank()
+    chunks = tensor.view(-1).tensor_split(p)
+    right, left = (r + 1) % p, (r - 1) % p
+    for s in range(p - 1):
+        incoming = chunks[(r - s - 2) % p]
+        buffer = torch.empty_like(incoming)
+        send = dist.isend(chunks[(r - s - 1) % p], right)
+        recv = dist.irecv(buffer, left)
+        send.wait()
+        recv.wait()
+        incoming += buffer
+    return chunks[r]
+
+
+def plain_ring_all_gather(tensor):
+    """Blocking send and recv, ordered so that no cycle of senders forms: even ranks send
+    first, odd ranks receive first (on an odd ring the last, even rank sends to rank 0, which
+    is sending too, but rank 1 receives, so the chain unwinds)."""
+    p, r = dist.get_world_size(), dist.get_rank()
+    chunks = tensor.view(-1).tensor_split(p)
+    right, left = (r + 1) % p, (r - 1) % p
+    for s in range(p - 1):
+        outgoing, incoming = chunks[(r - s) % p], chunks[(r - s - 1) % p]
+        if r % 2 == 0:
+            dist.send(outgoing, right)
+            dist.recv(incoming, left)
+        else:
+            dist.recv(incoming, left)
+            dist.send(outgoing, right)
+    return tensor
+
+
+def plain_ring_all_reduce(tensor):
+    plain_ring_reduce_scatter(tensor)
+    return plain_ring_all_gather(tensor)
+
+
+def plain_average_gradients(model):
+    grads = [param.grad for param in model.parameters() if param.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    plain_ring_all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+PLAIN = SimpleNamespace(ring_reduce_scatter=plain_ring_reduce_scatter, ring_all_gather=plain_ring_all_gather,
+                        ring_all_reduce=plain_ring_all_reduce, average_gradients=plain_average_gradients)
+
+
+def test_the_plain_version_reaches_the_ranks_by_reference() -> None:
+    for name, fn in vars(PLAIN).items():
+        portable = checks._Portable(name, fn)
+        assert portable.how == "reference" and portable.payload == (__name__, fn.__name__), portable.payload
+        assert portable.rebuild() is fn
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_a_plain_version_passes_too(name: str) -> None:
+    getattr(checks, name)(PLAIN)
 
 
 # ---------------------------------------------------------------- planted bugs, in a file
@@ -153,33 +227,17 @@ def test_a_deadlock_fails_within_the_time_out(tmp_path: Path, monkeypatch) -> No
 
 
 def test_functions_without_a_module_reach_the_ranks_by_value() -> None:
-    """As in a notebook: functions whose module no process can import or load, calling a
-    helper of their own; cloudpickle sends them with the globals they use."""
+    """As in a notebook: functions whose module no process can import or load, calling one
+    another (the plain version's ring, defined again in a cell); cloudpickle sends them with
+    the globals they use."""
     pytest.importorskip("cloudpickle")
     cells = types.ModuleType("notebook_cells")  # not in sys.modules, no __file__
-    exec(compile(HEADER + '''
-def _exchange(send, recv, right, left):
-    requests = [dist.isend(send, right), dist.irecv(recv, left)]
-    for request in requests:
-        request.wait()
-
-
-def ring_all_reduce(tensor):
-    p, r = dist.get_world_size(), dist.get_rank()
-    chunks = tensor.view(-1).tensor_split(p)
-    right, left = (r + 1) % p, (r - 1) % p
-    for s in range(p - 1):
-        recv = chunks[(r - s - 2) % p]
-        buffer = torch.empty_like(recv)
-        _exchange(chunks[(r - s - 1) % p], buffer, right, left)
-        recv.add_(buffer)
-    for s in range(p - 1):
-        _exchange(chunks[(r - s) % p], chunks[(r - s - 1) % p], right, left)
-    return tensor
-''', "<notebook cell>", "exec"), cells.__dict__)
-    assert checks._Portable("ring_all_reduce", cells.ring_all_reduce).how == "value"
+    source = "\n\n".join(inspect.getsource(fn) for fn in (plain_ring_reduce_scatter, plain_ring_all_gather,
+                                                           plain_ring_all_reduce))
+    exec(compile(HEADER + source, "<notebook cell>", "exec"), cells.__dict__)
+    assert checks._Portable("ring_all_reduce", cells.plain_ring_all_reduce).how == "value"
     assert checks._Portable("ring_all_reduce", reference.ring_all_reduce).how == "reference"
-    _check(3)(_namespace(ring_all_reduce=cells.ring_all_reduce))
+    _check(3)(_namespace(ring_all_reduce=cells.plain_ring_all_reduce))
 
 
 # ---------------------------------------------------------------- graded by file, in a subprocess
