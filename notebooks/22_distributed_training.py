@@ -294,6 +294,15 @@ show_source(data_parallel.BucketedDataParallel.finish_gradient_sync)
 # %%
 show_source(data_parallel.ddp_train_worker)
 
+# %% [markdown]
+# The loop itself is one function, shared with the single-process reference (and with the
+# workbench's Part VI check, where the reader's own all-reduce averages the gradients):
+# each rank takes its slice of every global batch, and `sync` runs between the backward
+# and the optimiser step.
+
+# %%
+show_source(data_parallel.train_steps)
+
 # %%
 spec = {"seed": 0, "steps": 4, "batch_size": 8, "lr": 1e-2, "bucket_cap_bytes": 4096}
 reference, ref_losses = data_parallel.train_single_process(spec)

@@ -87,3 +87,23 @@ def test_bad_arguments() -> None:
         run(D.ddp_train_worker, 2, SPEC | {"implementation": "horovod"}, timeout=30)
     with pytest.raises(ValueError, match="bucket_cap_bytes must be positive"):
         D.BucketedDataParallel(nn.Linear(2, 2), bucket_cap_bytes=0)
+
+
+def test_train_steps_shards_the_batch_and_syncs_between_backward_and_step() -> None:
+    """The one loop the chapter's runs and the workbench's Part VI check share."""
+    model = D.tiny_language_model(SPEC["seed"])
+    seen = []
+
+    def sync() -> None:  # after the backward (gradients there), before the step
+        seen.append(all(p.grad is not None for p in model.parameters()))
+
+    state, losses = D.train_steps(model, SPEC, sync=sync)
+    reference, ref_losses = D.train_single_process(SPEC)
+    assert seen == [True] * SPEC["steps"] and losses == ref_losses
+    assert all(torch.equal(state[k], v) for k, v in reference.items())
+    # rank 0 of 2 without a gradient sync trains on its half alone: a different model
+    half, half_losses = D.train_steps(D.tiny_language_model(SPEC["seed"]), SPEC, rank=0, world_size=2)
+    assert half_losses[0] != ref_losses[0]
+    assert not all(torch.equal(half[k], v) for k, v in reference.items())
+    with pytest.raises(ValueError, match="missing the key"):
+        D.train_steps(model, {"seed": 0, "steps": 1, "batch_size": 2})

@@ -22,11 +22,13 @@ Training", VLDB):
 Also: :func:`shard_batch` (rank r's slice of a batch), a tiny language model
 (:func:`tiny_language_model`) and the workers the notebook runs with
 :func:`llmbook.scale.launch.run` (:func:`ddp_train_worker`), plus
-:func:`train_single_process`, the reference they must agree with.
+:func:`train_single_process`, the reference they must agree with; both, and the workbench's
+Part VI check, run the one loop :func:`train_steps`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +48,7 @@ __all__ = [
     "shard_batch",
     "tiny_language_model",
     "train_single_process",
+    "train_steps",
 ]
 
 
@@ -195,22 +198,37 @@ def _lm_loss(model: nn.Module, tokens: Tensor) -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
 
+def train_steps(model: nn.Module, spec: dict[str, Any], rank: int = 0, world_size: int = 1,
+                forward: nn.Module | None = None,
+                sync: Callable[[], None] | None = None) -> tuple[dict[str, Tensor], list[float]]:
+    """The loop every run of the chapter-22 experiment shares: ``spec["steps"]`` AdamW steps
+    (lr ``spec["lr"]``, weight decay 0.01) on the global batches of :func:`make_batches`, each
+    cut to rank ``rank``'s shard (:func:`shard_batch`; the whole batch when ``world_size`` is
+    1). ``forward`` is what the loss runs through (a data-parallel wrapper of ``model``; by
+    default ``model``), and ``sync()`` runs between the backward and the step (the gradient
+    all-reduce). Returns the final state dict of ``model`` and this rank's losses.
+    """
+    check_keys(spec, "spec", ("seed", "steps", "batch_size", "lr"))
+    optimizer = AdamW(model.parameters(), lr=spec["lr"], weight_decay=0.01)
+    losses = []
+    for tokens in make_batches(spec["steps"], spec["batch_size"], seed=spec["seed"] + 1):
+        loss = _lm_loss(forward if forward is not None else model,
+                        shard_batch(tokens, rank, world_size))
+        optimizer.zero_grad()
+        loss.backward()
+        if sync is not None:
+            sync()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
+
+
 def train_single_process(spec: dict[str, Any]) -> tuple[dict[str, Tensor], list[float]]:
     """The reference: one process, the whole global batch, AdamW. Returns (state, losses).
 
     ``spec`` holds ``seed``, ``steps``, ``batch_size`` (global), ``lr``.
     """
-    check_keys(spec, "spec", ("seed", "steps", "batch_size", "lr"))
-    model = tiny_language_model(spec["seed"])
-    optimizer = AdamW(model.parameters(), lr=spec["lr"], weight_decay=0.01)
-    losses = []
-    for tokens in make_batches(spec["steps"], spec["batch_size"], seed=spec["seed"] + 1):
-        loss = _lm_loss(model, tokens)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
+    return train_steps(tiny_language_model(spec["seed"]), spec)
 
 
 def ddp_train_worker(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
@@ -229,17 +247,9 @@ def ddp_train_worker(rank: int, world_size: int, spec: dict[str, Any]) -> dict[s
         ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=spec.get("bucket_cap_bytes", 4096) / 2**20)
     else:
         raise ValueError(f"implementation must be 'book' or 'torch', got {spec['implementation']!r}")
-    optimizer = AdamW(model.parameters(), lr=spec["lr"], weight_decay=0.01)
-    losses = []
-    for tokens in make_batches(spec["steps"], spec["batch_size"], seed=spec["seed"] + 1):
-        loss = _lm_loss(ddp, shard_batch(tokens, rank, world_size))
-        optimizer.zero_grad()
-        loss.backward()
-        if isinstance(ddp, BucketedDataParallel):
-            ddp.finish_gradient_sync()
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    log = list(ddp.launch_log) if isinstance(ddp, BucketedDataParallel) else []
-    buckets = [len(b.params) for b in ddp.buckets] if isinstance(ddp, BucketedDataParallel) else []
-    return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "losses": losses, "launch_log": log, "bucket_sizes": buckets}
+    book = isinstance(ddp, BucketedDataParallel)
+    state, losses = train_steps(model, spec, rank, world_size, forward=ddp,
+                                sync=ddp.finish_gradient_sync if book else None)
+    log = list(ddp.launch_log) if book else []
+    buckets = [len(b.params) for b in ddp.buckets] if book else []
+    return {"state": state, "losses": losses, "launch_log": log, "bucket_sizes": buckets}

@@ -373,22 +373,18 @@ SPEC = {"seed": 3, "steps": 3, "batch_size": 6, "lr": 0.01}
 
 
 def _data_parallel_task(rank: int, world_size: int, fns: dict, spec: dict) -> dict:
-    """The book's ddp_train_worker, with the reader's average_gradients as the gradient sync."""
-    from llmbook.scale.data_parallel import _lm_loss, make_batches, shard_batch, tiny_language_model
-    from llmbook.training.optim import AdamW
+    """The book's data-parallel loop (:func:`~llmbook.scale.data_parallel.train_steps`), with
+    the reader's average_gradients as the gradient sync."""
+    from llmbook.scale.data_parallel import tiny_language_model, train_steps
 
     model = tiny_language_model(spec["seed"])
-    optimizer = AdamW(model.parameters(), lr=spec["lr"], weight_decay=0.01)
-    losses = []
-    for tokens in make_batches(spec["steps"], spec["batch_size"], seed=spec["seed"] + 1):
-        loss = _lm_loss(model, shard_batch(tokens, rank, world_size))
-        optimizer.zero_grad()
-        loss.backward()
+
+    def sync() -> None:
         with _own_collectives_only():
             fns["average_gradients"](model)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses}
+
+    state, losses = train_steps(model, spec, rank, world_size, sync=sync)
+    return {"state": state, "losses": losses}
 
 
 def exercise_4_data_parallel_training(solutions) -> None:
